@@ -1,0 +1,125 @@
+"""GRPO and its family — one clipped policy-gradient loss, five presets of explicit knobs.
+
+SPEC.md §1. Papers: GRPO (DeepSeekMath, arXiv 2402.03300; TRL's GRPOTrainer), DAPO (arXiv
+2503.14476), Dr. GRPO ("Understanding R1-Zero-Like Training", arXiv 2503.20783), Lite PPO ("Tricks
+or Traps? Part I", arXiv 2508.08221), RLOO ("Back to Basics", arXiv 2402.14740).
+
+    advantage   A_i  from the group's (or batch's) rewards, knob `adv_norm`
+    per token   ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)),  r = exp(logp − logp_old)
+                optional dual clip c (A < 0: ℓ ← min(ℓ, −c·A)); optional β·k3 KL to a reference
+    aggregate   knob `loss_agg`, always normalised by counts of the whole mini-batch on all ranks
+
+DAPO's dynamic sampling, overlong penalty and truncation masking act on the batch, not the loss:
+they are `train.py` / `rewards.py` knobs that these presets switch on.
+"""
+from __future__ import annotations
+
+import torch
+
+PRESETS = {
+    "grpo": dict(adv_norm="group", clip_low=0.2, clip_high=0.2, loss_agg="seq-mean-token-mean"),
+    "dapo": dict(adv_norm="group", clip_low=0.2, clip_high=0.28, loss_agg="token-mean",
+                 dynamic_sampling=True, overlong_penalty=True),
+    "dr_grpo": dict(adv_norm="none", clip_low=0.2, clip_high=0.2,
+                    loss_agg="seq-mean-token-sum-norm"),
+    "lite_ppo": dict(adv_norm="batch", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
+    "rloo": dict(adv_norm="rloo", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
+}
+ADV_NORMS = ("group", "batch", "none", "rloo")
+LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+
+
+def advantages(scores: torch.Tensor, *, adv_norm: str, std_estimator: str = "unbiased",
+               eps: float = 1e-6) -> torch.Tensor:
+    """Per-response advantages from the rewards of whole groups, scores [n_groups, G] -> same shape.
+
+    [[1, 0, 0, 1]] with adv_norm="group" -> [[0.866, -0.866, -0.866, 0.866]] (unbiased std);
+    "rloo" -> [[2/3, -2/3, -2/3, 2/3]]; "none" -> [[0.5, -0.5, -0.5, 0.5]].
+    """
+    g = scores.shape[1]
+    unbiased = std_estimator == "unbiased"
+    if adv_norm == "rloo":
+        # mean of the *other* G − 1 rewards: (sum − R_i) / (G − 1)
+        return scores - (scores.sum(1, keepdim=True) - scores) / (g - 1)
+    # verl/TRL convention: a group of one has mean 0 and std 1
+    mean = scores.mean(1, keepdim=True) if g > 1 else torch.zeros_like(scores)
+    centred = scores - mean
+    if adv_norm == "none":  # Dr. GRPO: no std division
+        return centred
+    if adv_norm == "group":
+        std = scores.std(1, keepdim=True, unbiased=unbiased) if g > 1 else torch.ones_like(scores)
+    elif adv_norm == "batch":  # Lite PPO: group mean, std of the whole (global) batch
+        std = scores.flatten().std(unbiased=unbiased) if scores.numel() > 1 else scores.new_ones(())
+    else:
+        raise ValueError(f"adv_norm={adv_norm!r}: choose one of {', '.join(ADV_NORMS)}")
+    return centred / (std + eps)
+
+
+def token_weights(mask: torch.Tensor, *, loss_agg: str, n_seqs: int, n_tokens: int,
+                  max_len: int) -> torch.Tensor:
+    """Weights w [N, T] with loss = Σ w·ℓ; n_seqs and n_tokens count the whole mini-batch on all
+    ranks (SPEC §0), so micro-batches and ranks just add their Σ w·ℓ.
+
+    mask [[1, 1, 0], [1, 1, 1]], n_seqs 2, n_tokens 5:
+      "token-mean"          -> every valid token 1/5
+      "seq-mean-token-mean" -> row 0: 1/(2·2), row 1: 1/(2·3)
+      "seq-mean-token-sum-norm", max_len 4 -> every valid token 1/(2·4)
+    """
+    if loss_agg == "token-mean":
+        return mask / max(n_tokens, 1)
+    if loss_agg == "seq-mean-token-mean":
+        return mask / mask.sum(1, keepdim=True).clamp(min=1) / max(n_seqs, 1)
+    if loss_agg == "seq-mean-token-sum-norm":  # Dr. GRPO: a constant length, not each row's
+        return mask / (max(n_seqs, 1) * max_len)
+    raise ValueError(f"loss_agg={loss_agg!r}: choose one of {', '.join(LOSS_AGGS)}")
+
+
+def clipped_surrogate(logp, old_logp, adv, *, clip_low: float, clip_high: float,
+                      dual_clip: float = 0.0):
+    """PPO-clip per-token loss ℓ [N, T] and a bool [N, T] of where the clip took the gradient away.
+    adv is per response [N] and broadcast over tokens."""
+    ratio = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    unclipped = -a * ratio
+    clipped = -a * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if dual_clip > 0:  # cap the loss of negative-advantage tokens whose ratio exploded
+        capped = torch.minimum(loss, -dual_clip * a)
+        was_clipped |= (a < 0) & (capped < loss)
+        loss = torch.where(a < 0, capped, loss)
+    return loss, was_clipped
+
+
+def k3_kl(logp, ref_logp):
+    """Schulman's k3 estimator of KL(π_θ ‖ π_ref) per token: e^(ref − θ) − (ref − θ) − 1 ≥ 0."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def loss(mb: dict, cfg, totals: dict):
+    """Loss of one micro-batch, already divided by the mini-batch's global counts.
+
+    mb: logp, old_logp, mask [n, T]; adv [n]; ref_logp [n, T] when cfg.beta > 0.
+    totals: "seqs", "tokens" of the whole mini-batch over all ranks.
+    Returns (loss, metrics); each metric is likewise a share of its mini-batch value, so the
+    trainer sums metrics over micro-batches and ranks.
+    """
+    mask = mb["mask"]
+    w = token_weights(mask, loss_agg=cfg.loss_agg, n_seqs=totals["seqs"],
+                      n_tokens=totals["tokens"], max_len=cfg.max_new_tokens)
+    per_token, was_clipped = clipped_surrogate(mb["logp"], mb["old_logp"], mb["adv"],
+                                               clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                               dual_clip=cfg.dual_clip)
+    metrics = {"pg/loss": (w * per_token).sum().detach(),
+               "pg/clipfrac": (mask * was_clipped).sum() / max(totals["tokens"], 1)}
+    if cfg.beta > 0:
+        kl = k3_kl(mb["logp"], mb["ref_logp"])
+        per_token = per_token + cfg.beta * kl
+        metrics["kl/k3"] = (mask * kl).sum().detach() / max(totals["tokens"], 1)
+    return (w * per_token).sum(), metrics
+
+
+def batch_advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
+    return advantages(scores, adv_norm=cfg.adv_norm, std_estimator=cfg.std_estimator,
+                      eps=cfg.adv_eps)

@@ -1,0 +1,114 @@
+"""Build the shipped tiny model: a character-level tokenizer, a ~1M-parameter Llama, and a short
+supervised pre-training on the built-in running-sum task, stopped as soon as held-out accuracy
+(sampled at temperature 1, the RL rollout setting) reaches `--target`, so that RL has room to show.
+
+    python assets/build_tiny_model.py            # rewrites assets/tiny-running-sum/
+
+Deterministic: every random choice is seeded, and the run uses one CPU thread.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from model import ResponseLogProbs, load_tokenizer  # noqa: E402
+from rewards import RunningSumTask  # noqa: E402
+from rollout import Episode, Sampling, collate, encode_prompts, generate  # noqa: E402
+
+SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                 "{% if m['role'] == 'assistant' %}<eos>{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (and newline), plus chat/pad/eos specials."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: characters stay tokens
+    core.add_special_tokens(SPECIALS)
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_model(vocab_size: int, seed: int, hidden: int = 128, layers: int = 4) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+        rope_theta=10000.0, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+        bos_token_id=None)
+    return LlamaForCausalLM(config)
+
+
+def heldout_accuracy(lm, tok, task, problems, prompt_ids) -> float:
+    eps = generate(lm, tok, problems, prompt_ids, group_size=1,
+                   sampling=Sampling(temperature=1.0, max_new_tokens=80))
+    return sum(task.grade(e.problem, e.text) for e in eps) / len(eps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "tiny-running-sum"))
+    ap.add_argument("--target", type=float, default=0.30, help="stop at this held-out accuracy")
+    ap.add_argument("--max-steps", type=int, default=4000)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    tmp = Path(args.out).with_suffix(".tmp")
+    build_tokenizer().save_pretrained(tmp)
+    tok = load_tokenizer(str(tmp))
+    lm = build_model(len(tok), args.seed, args.hidden, args.layers)
+    task = RunningSumTask()
+    rng = random.Random(args.seed)
+    # The SFT problems come from their own stream, so they overlap RL's train split only by chance
+    # and never its held-out split (seeded differently, and RL's held-out is what we report).
+    eval_rng = random.Random("sft-eval")
+    eval_problems = [task.sample(eval_rng)[0] for _ in range(300)]
+    eval_ids = encode_prompts(tok, eval_problems, chat_template=True)
+    scorer = ResponseLogProbs(lm)
+    opt = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99))
+    acc = 0.0
+    for step in range(1, args.max_steps + 1):
+        samples = [task.sample(rng) for _ in range(64)]
+        problems = [p for p, _ in samples]
+        eps = [Episode(prompt_ids=ids, truncated=False, group=i, problem=p, text="",
+                       response_ids=tok(RunningSumTask.solution(t), add_special_tokens=False)
+                       ["input_ids"] + [tok.eos_token_id])
+               for i, (ids, (p, t)) in enumerate(zip(encode_prompts(tok, problems, True), samples))]
+        b = collate(eps, tok.pad_token_id, "cpu")
+        lm.train()
+        logp, _ = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 1.0)
+        loss = -(logp.sum() / b.response_mask.sum())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        if step % args.eval_every == 0:
+            torch.manual_seed(args.seed + step)
+            acc = heldout_accuracy(lm, tok, task, eval_problems, eval_ids)
+            print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}", flush=True)
+            if acc >= args.target:
+                break
+    lm.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(args.out, ignore_errors=True)
+    tmp.rename(args.out)
+    print(f"saved {args.out} after {step} steps, held-out accuracy {acc:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Policy / reference / tokenizer loading, token log-probs and entropy, checkpoints.
+
+Log-probs (SPEC §0) are float32 and temperature-scaled: logp = z/τ[y] − logsumexp(z/τ). They are
+computed only at completion positions, from the decoder's last hidden state, in chunks of
+`chunk` tokens; each chunk is recomputed in backward (activation checkpointing) so that no
+[N, T, V] tensor — neither logits nor a float32 log-softmax — ever exists, forward or backward.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.eos_token_id is None:
+        raise ValueError(f"{path}: the tokenizer has no eos_token; set one in tokenizer_config.json")
+    if tok.pad_token_id is None:
+        # Safe here: masks come from response lengths, never from pad == eos comparisons.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str, *, dtype: str = "float32", device: str = "cpu",
+               trust_remote_code: bool = False, gradient_checkpointing: bool = False,
+               trainable: bool = True):
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True)
+    model.to(device)
+    # Sampling settings come only from our Config: a checkpoint's generation_config
+    # (top_k=50, repetition_penalty, ...) would otherwise fill every knob we leave unset.
+    model.generation_config = GenerationConfig()
+    model.config.use_cache = True
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model
+
+
+def _chunk_stats(h, weight, bias, targets, temperature, softcap):
+    """h [c, H], targets [c] -> (logp [c], entropy [c]) in float32; entropy carries no gradient."""
+    z = F.linear(h, weight, bias).float()
+    if softcap:  # Gemma-2 style final-logit soft-capping is part of the model's distribution
+        z = torch.tanh(z / softcap) * softcap
+    z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return logp, entropy
+
+
+class ResponseLogProbs(nn.Module):
+    """Wraps a causal LM so that forward returns response-token log-probs and entropies.
+
+    DDP wraps this module (not the LM) so that its forward — and so its gradient hooks — covers
+    exactly the computation the loss uses. Input layout (rollout.collate):
+    input_ids [N, P + Tr] = left-padded prompt ⧺ right-padded response; response_mask [N, Tr].
+    Output (logp, entropy), both [N, Tr] float32, zero where response_mask is 0; index t is the
+    log-prob of response token t under the logits at position P − 1 + t (SPEC §0 alignment).
+    """
+
+    def __init__(self, lm, chunk: int = 1024):
+        super().__init__()
+        self.lm, self.chunk = lm, chunk
+
+    def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float):
+        n, tr = response_mask.shape
+        p = input_ids.shape[1] - tr
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                       position_ids=position_ids, use_cache=False).last_hidden_state
+        valid = response_mask.bool()
+        h = hidden[:, p - 1:p - 1 + tr][valid]  # [n_valid, H], predicting positions only
+        targets = input_ids[:, p:][valid]
+        head = self.lm.get_output_embeddings()
+        softcap = getattr(self.lm.config, "final_logit_softcapping", None)
+        logps, ents = [], []
+        for s in range(0, h.shape[0], self.chunk):
+            args = (h[s:s + self.chunk], head.weight, head.bias, targets[s:s + self.chunk],
+                    temperature, softcap)
+            if torch.is_grad_enabled():
+                lp, en = checkpoint(_chunk_stats, *args, use_reentrant=False)
+            else:
+                lp, en = _chunk_stats(*args)
+            logps.append(lp)
+            ents.append(en)
+        logp = torch.zeros(n, tr, device=h.device, dtype=torch.float32)
+        entropy = torch.zeros_like(logp)
+        if logps:
+            logp = logp.masked_scatter(valid, torch.cat(logps))
+            entropy = entropy.masked_scatter(valid, torch.cat(ents))
+        return logp, entropy
+
+
+def save_checkpoint(path: Path, *, model, tokenizer, trainer_state: dict) -> None:
+    """HF-loadable safetensors weights + tokenizer, and the trainer state for --resume."""
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    torch.save(trainer_state, path / "trainer_state.pt")
+
+
+def load_trainer_state(path: Path) -> dict:
+    file = Path(path) / "trainer_state.pt"
+    if not file.is_file():
+        raise FileNotFoundError(f"--resume {path}: no trainer_state.pt there; point --resume at a "
+                                f"checkpoints/step-N folder written by train.py")
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def count_parameters(model) -> str:
+    n = sum(p.numel() for p in model.parameters())
+    return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

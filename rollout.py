@@ -1,0 +1,120 @@
+"""Batched generation -> Episodes, and Episodes -> padded training tensors.
+
+One `generate` call per rank per step covers all of the rank's prompts × G samples, left-padded,
+with the model in eval mode and the KV cache on. Every sampling knob is passed explicitly;
+nothing is inherited from the checkpoint's generation_config (model.load_model resets it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from rewards import Problem
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (HF's own default would be 50)
+    max_new_tokens: int = 64
+
+
+@dataclass
+class Episode:
+    """One sampled response. response_ids run up to and including the first EOS."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str
+    truncated: bool  # hit max_new_tokens without EOS
+    group: int  # responses to the same prompt share a group id
+    problem: Problem
+    reward: float = 0.0  # the task's verdict (0/1)
+    score: float = 0.0  # reward after shaping (e.g. DAPO overlong penalty); what advantages use
+    advantage: float = 0.0  # set by the algorithm before the update
+
+
+@dataclass
+class Batch:
+    """Training tensors for N episodes; response-aligned arrays have Tr columns (SPEC §0)."""
+    input_ids: torch.Tensor  # [N, P + Tr] left-padded prompt ⧺ right-padded response
+    attention_mask: torch.Tensor  # [N, P + Tr]
+    position_ids: torch.Tensor  # [N, P + Tr] 0 at each row's first real token
+    response_mask: torch.Tensor  # [N, Tr] float, 1 for response tokens (EOS included)
+
+
+def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> list[list[int]]:
+    """Token ids of each prompt, through the tokenizer's chat template when it has one and
+    chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model."""
+    out = []
+    for p in problems:
+        if chat_template and tokenizer.chat_template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}],
+                                                 add_generation_prompt=True, tokenize=False)
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            out.append(tokenizer(p.prompt)["input_ids"])
+    return out
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[[5, 6], [7]] -> ids [[5, 6], [pad, 7]], mask [[1, 1], [0, 1]]."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
+             group_size: int, sampling: Sampling, first_group: int = 0) -> list[Episode]:
+    """Sample group_size responses for each prompt in one batched generate call.
+
+    Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
+    consecutive and carry group id first_group + j.
+    """
+    rows = [ids for ids in prompt_ids for _ in range(group_size)]
+    device = next(lm.parameters()).device
+    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device)
+    greedy = sampling.temperature == 0
+    config = GenerationConfig(
+        do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, use_cache=True)
+    was_training = lm.training
+    lm.eval()  # dropout off; HF also turns the KV cache off in train mode with checkpointing
+    out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    lm.train(was_training)
+    responses = out[:, input_ids.shape[1]:].tolist()
+    episodes = []
+    for i, resp in enumerate(responses):
+        eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
+        resp = resp[:eos + 1] if eos is not None else resp[:sampling.max_new_tokens]
+        episodes.append(Episode(
+            prompt_ids=rows[i], response_ids=resp, truncated=eos is None,
+            text=tokenizer.decode(resp, skip_special_tokens=True),
+            group=first_group + i // group_size, problem=problems[i // group_size]))
+    return episodes
+
+
+def collate(episodes: list[Episode], pad_id: int, device) -> Batch:
+    """Episodes -> Batch. Prompts [[5, 6], [7]] with responses [[8, 2], [9]] ->
+    input_ids [[5, 6, 8, 2], [pad, 7, 9, pad]], response_mask [[1, 1], [1, 0]]."""
+    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, "cpu")
+    tr = max(max(len(e.response_ids) for e in episodes), 1)
+    resp = torch.full((len(episodes), tr), pad_id, dtype=torch.long)
+    resp_mask = torch.zeros((len(episodes), tr))
+    for i, e in enumerate(episodes):
+        resp[i, :len(e.response_ids)] = torch.tensor(e.response_ids, dtype=torch.long)
+        resp_mask[i, :len(e.response_ids)] = 1
+    input_ids = torch.cat([prompt_ids, resp], dim=1)
+    attention_mask = torch.cat([prompt_mask, resp_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return Batch(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                 position_ids=position_ids.to(device), response_mask=resp_mask.to(device))

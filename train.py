@@ -1,0 +1,556 @@
+"""RL with verifiable rewards, top to bottom.
+
+    torchrun --nproc_per_node 2 train.py --algo grpo      # the default: tiny model, running sums
+    python train.py --algo dapo --model PATH --data train.jsonl --eval-data test.jsonl
+
+Each step:
+  1. rollout   every rank samples G responses for its share of B prompts (one generate call);
+               the task grades them; episodes are gathered so that every rank holds the global
+               batch (global counts and batch std then need no further collective)
+  2. filter    optional DAPO dynamic sampling: drop groups whose rewards are all equal and
+               sample more prompts until B groups are kept or the round cap is hit
+  3. advantage per response, from its whole group (algos/)
+  4. update    K mini-batches of whole groups × μ epochs, one optimizer step per mini-batch; each
+               rank takes its share of the mini-batch in micro-batches; every loss is divided by
+               counts of the whole mini-batch on all ranks (SPEC §0)
+  5. log, eval, checkpoint
+
+Config precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
+Left out on purpose: vLLM/SGLang generation, tensor/pipeline parallelism, multi-node, value
+models (PPO with a critic), reward models.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+import algos
+from eval import evaluate
+from model import (ResponseLogProbs, count_parameters, load_model, load_tokenizer,
+                   load_trainer_state, save_checkpoint)
+from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_jsonl, make_task, overlong_penalty
+from rollout import Episode, Sampling, collate, encode_prompts, generate
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
+
+
+@dataclass
+class Config:
+    # --- run
+    algo: str = "grpo"  # a name from algos/__init__.py; its preset sets the loss knobs below
+    config: str = ""  # YAML preset file; its keys are Config fields
+    model: str = DEFAULT_MODEL  # any local HF causal LM folder; default: the shipped tiny model
+    data: str = "running_sum"  # built-in task (running_sum, countdown) or a .jsonl file
+    eval_data: str = ""  # held-out .jsonl; built-in tasks use their own held-out split
+    out: str = ""  # run directory; default runs/<algo>-<timestamp>
+    max_steps: int = 120  # rollout batches (each gives K × μ optimizer steps)
+    seed: int = 0  # fixes data order, sampling and everything else
+    resume: str = ""  # a checkpoints/step-N folder to continue from
+    # --- task
+    sum_min_terms: int = 3  # running_sum: fewest integers to add
+    sum_max_terms: int = 5  # running_sum: most integers to add
+    sum_digits: int = 2  # running_sum: digits per integer
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # --- batch sizes
+    prompts_per_step: int = 16  # B: prompts per rollout batch, over all ranks
+    group_size: int = 8  # G: responses sampled per prompt
+    mini_batches: int = 1  # K: optimizer steps per rollout batch, each on whole groups
+    epochs: int = 1  # μ: passes over the rollout batch
+    micro_batch_size: int = 64  # sequences per forward/backward on one rank (grad accumulation)
+    # --- sampling (never inherited from the checkpoint's generation_config)
+    temperature: float = 1.0  # rollout temperature τ; log-probs use z/τ too
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 80  # response budget; responses without EOS by then are truncated
+    # --- optimizer
+    lr: float = 2e-4  # AdamW learning rate after warm-up
+    warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    # --- GRPO-family loss knobs (the --algo preset fills these; see algos/grpo.py)
+    adv_norm: str = "group"  # group | batch (Lite PPO) | none (Dr. GRPO) | rloo
+    std_estimator: str = "unbiased"  # unbiased (n − 1, TRL/verl) | population
+    adv_eps: float = 1e-6  # added to the std before dividing
+    clip_low: float = 0.2  # ε_low: ratio clipped below at 1 − ε_low
+    clip_high: float = 0.2  # ε_high: ratio clipped above at 1 + ε_high (DAPO clip-higher 0.28)
+    dual_clip: float = 0.0  # c > 1 caps the loss of negative-advantage tokens at −c·A; 0 = off
+    loss_agg: str = "seq-mean-token-mean"  # | token-mean | seq-mean-token-sum-norm (L = max_new_tokens)
+    beta: float = 0.0  # k3 KL weight to a frozen reference; 0 loads no reference model
+    # --- batch shaping (DAPO)
+    mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
+    overlong_penalty: bool = False  # soft length penalty added to the reward
+    overlong_cache: int = 16  # penalty ramps from 0 to −1 over the last this-many tokens
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal; resample
+    max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
+    # --- eval
+    eval_every: int = 20  # steps between held-out evals (and one before step 1); 0 = off
+    eval_problems: int = 200  # held-out problems per eval
+    eval_samples: int = 4  # n: samples per problem
+    eval_k: list = field(default_factory=lambda: [1, 4])  # pass@k values, each ≤ eval_samples
+    eval_temperature: float = 1.0  # sampling temperature at eval
+    # --- checkpoints and logs
+    save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
+    log_samples: int = 2  # completions written to samples.jsonl per step
+    # --- system
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    gradient_checkpointing: bool = False  # trade compute for memory in training forwards
+    logprob_chunk: int = 1024  # tokens per chunk of the log-prob computation
+    trust_remote_code: bool = False  # allow model code shipped with a checkpoint
+
+
+# ============================================================================ config
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description="RL with verifiable rewards (see README.md)",
+                                     argument_default=argparse.SUPPRESS)
+    for f in fields(Config):
+        kind = type(Config.__dataclass_fields__[f.name].default_factory()) \
+            if f.default is dataclasses.MISSING else type(f.default)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
+                            help=_help(f.name), metavar=kind.__name__.upper())
+    cli = vars(parser.parse_args(argv))
+    file_values = _read_yaml(cli["config"]) if cli.get("config") else {}
+    algo = cli.get("algo", file_values.get("algo", Config.algo))
+    values = {**algos.get(algo).preset, **file_values, **cli}
+    return Config(**values)
+
+
+def _parser_for(kind):
+    if kind is bool:
+        def to_bool(s: str) -> bool:
+            if s.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+            return s.lower() in ("true", "1", "yes")
+        return to_bool
+    if kind is list:
+        return lambda s: [int(x) for x in s.split(",") if x]
+    return kind
+
+
+def _help(name: str, _source=Path(__file__).read_text()) -> str:
+    """The field's comment in Config, so --help and the dataclass never disagree."""
+    line = _source.split(f"\n    {name}: ", 1)[1].split("\n", 1)[0]
+    return line.split("# ", 1)[1] if "# " in line else ""
+
+
+def _read_yaml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--config {path}: no such file")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise DataError(f"--config {path}: not valid YAML ({e})") from None
+    if not isinstance(values, dict):
+        raise DataError(f"--config {path}: expected a mapping of Config fields")
+    known = {f.name for f in fields(Config)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise DataError(f"--config {path}: unknown field(s) {', '.join(unknown)}; "
+                        f"see the Config dataclass in train.py for the names")
+    return values
+
+
+def validate(cfg: Config, world: int) -> None:
+    """Every mistake we can see before loading a model, with the field to change."""
+    from algos.grpo import ADV_NORMS, LOSS_AGGS
+    checks = [
+        (cfg.prompts_per_step % world == 0,
+         f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks"),
+        (1 <= cfg.mini_batches <= cfg.prompts_per_step,
+         f"mini_batches={cfg.mini_batches} must be between 1 and prompts_per_step="
+         f"{cfg.prompts_per_step} (each mini-batch holds whole groups)"),
+        (cfg.group_size >= 1 and cfg.epochs >= 1 and cfg.micro_batch_size >= 1,
+         "group_size, epochs and micro_batch_size must be ≥ 1"),
+        (cfg.adv_norm != "rloo" or cfg.group_size >= 2, "adv_norm=rloo needs group_size ≥ 2"),
+        (cfg.adv_norm in ADV_NORMS, f"adv_norm={cfg.adv_norm!r}: choose one of {ADV_NORMS}"),
+        (cfg.loss_agg in LOSS_AGGS, f"loss_agg={cfg.loss_agg!r}: choose one of {LOSS_AGGS}"),
+        (cfg.std_estimator in ("unbiased", "population"),
+         f"std_estimator={cfg.std_estimator!r}: choose unbiased or population"),
+        (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
+        (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
+        (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
+         f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
+        (cfg.precision in ("auto", "fp32", "bf16"), "precision must be auto, fp32 or bf16"),
+        (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= cfg.max_new_tokens,
+         "overlong_cache must be in (0, max_new_tokens]"),
+        (cfg.data in BUILTIN_TASKS or cfg.eval_data or cfg.eval_every == 0,
+         f"--data {cfg.data} is a file: give --eval-data FILE for held-out eval, "
+         f"or --eval-every 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise DataError(message)
+
+
+def load_problems(cfg: Config):
+    """(task, train problems, held-out problems), read and checked before any model is loaded."""
+    task = make_task(cfg.data, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
+                     sum_digits=cfg.sum_digits)
+    if cfg.data in BUILTIN_TASKS:
+        train, heldout = builtin_splits(task)
+    else:
+        train, heldout = task.problems, []
+    if cfg.eval_data:
+        heldout = load_jsonl(cfg.eval_data)
+    return task, train, heldout[:cfg.eval_problems]
+
+
+# ============================================================================ distributed
+
+def setup_distributed():
+    """(rank, world, device). torchrun sets RANK; plain `python train.py` is one process."""
+    if "RANK" not in os.environ:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return 0, 1, torch.device(device)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return dist.get_rank(), dist.get_world_size(), torch.device("cuda", local_rank)
+    # CPU ranks share the cores: oversubscribed threads make every rank slower.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+
+
+def gather_objects(obj, world: int) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(values: dict, device) -> dict:
+    if not dist.is_initialized() or not values:
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+# ============================================================================ rollout
+
+class PromptStream:
+    """Prompt number i of the run -> a training problem, reshuffled every epoch with the seed.
+    The run's position in this stream is part of the trainer state, so resume is exact."""
+
+    def __init__(self, problems, seed: int):
+        self.problems, self.seed, self._epoch, self._perm = problems, seed, -1, None
+
+    def get(self, start: int, count: int) -> list:
+        out = []
+        for i in range(start, start + count):
+            epoch, j = divmod(i, len(self.problems))
+            if epoch != self._epoch:
+                self._epoch = epoch
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
+            out.append(self.problems[self._perm[j]])
+        return out
+
+
+def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, cfg: Config,
+                     rank: int, world: int):
+    """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
+    identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
+    b_local = cfg.prompts_per_step // world
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens)
+    kept, generated, rounds, dropped = [], [], 0, 0
+    while True:
+        problems = stream.get(data_pos + rank * b_local, b_local)
+        first_group = data_pos + rank * b_local  # group ids unique over the run
+        episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
+                            group_size=cfg.group_size, sampling=sampling, first_group=first_group)
+        for e in episodes:
+            e.reward = task.grade(e.problem, e.text)
+            e.score = e.reward + (overlong_penalty(len(e.response_ids), cfg.max_new_tokens,
+                                                   cfg.overlong_cache) if cfg.overlong_penalty else 0.0)
+        episodes = [e for part in gather_objects(episodes, world) for e in part]
+        data_pos += cfg.prompts_per_step
+        generated += episodes
+        groups = [episodes[i:i + cfg.group_size] for i in range(0, len(episodes), cfg.group_size)]
+        if cfg.dynamic_sampling:
+            informative = [g for g in groups if len({e.reward for e in g}) > 1]
+            dropped += len(groups) - len(informative)
+            groups = informative
+        kept += groups
+        if not cfg.dynamic_sampling or len(kept) >= cfg.prompts_per_step or rounds >= cfg.max_sampling_rounds:
+            break
+        rounds += 1
+    kept = kept[:cfg.prompts_per_step]
+    stats = rollout_stats(generated, cfg.group_size)
+    if cfg.dynamic_sampling:
+        stats.update({"dynamic/extra_rounds": rounds, "dynamic/dropped_groups": dropped,
+                      "dynamic/kept_groups": len(kept)})
+    return [e for g in kept for e in g], generated, data_pos, stats
+
+
+def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
+    rewards = np.array([e.reward for e in episodes])
+    lengths = np.array([len(e.response_ids) for e in episodes])
+    grouped = rewards.reshape(-1, group_size)
+    return {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
+            "reward/zero_std_groups": float((grouped.std(1) == 0).mean()),
+            "score/mean": float(np.mean([e.score for e in episodes])),
+            "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
+            "length/truncated": float(np.mean([e.truncated for e in episodes]))}
+
+
+# ============================================================================ update
+
+def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: int):
+    """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
+
+    Mini-batches hold whole groups; inside one, groups are split over ranks as evenly as they go,
+    and every rank gets the same number of micro-batches (some possibly empty) so that DDP's
+    collectives line up. 3 groups, 2 ranks, 1 mini-batch: rank 0 gets groups 0-1, rank 1 group 2.
+    """
+    groups = [episodes[i:i + cfg.group_size] for i in range(0, len(episodes), cfg.group_size)]
+    out = []
+    for mb_groups in np.array_split(np.arange(len(groups)), min(cfg.mini_batches, len(groups))):
+        per_rank = [[e for g in part for e in groups[g]] for part in np.array_split(mb_groups, world)]
+        n_micro = max(max(math.ceil(len(rows) / cfg.micro_batch_size) for rows in per_rank), 1)
+        mine = per_rank[rank]
+        micro = [mine[i * cfg.micro_batch_size:(i + 1) * cfg.micro_batch_size] for i in range(n_micro)]
+        out.append(([e for g in mb_groups for e in groups[g]], micro))
+    return out
+
+
+def response_mask(batch, episodes: list[Episode], cfg: Config) -> torch.Tensor:
+    mask = batch.response_mask
+    if cfg.mask_truncated:  # DAPO overlong filtering: truncated responses teach nothing
+        keep = torch.tensor([not e.truncated for e in episodes], dtype=mask.dtype, device=mask.device)
+        mask = mask * keep[:, None]
+    return mask
+
+
+def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
+    """Global normalisers of a mini-batch (SPEC §0): valid tokens and sequences with any."""
+    lengths = [0 if (cfg.mask_truncated and e.truncated) else len(e.response_ids) for e in episodes]
+    return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0)}
+
+
+def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Config, autocast,
+           pad_id: int, rank: int, world: int, device) -> dict:
+    """K mini-batches × μ epochs of optimizer steps on the global batch. Returns mean metrics."""
+    scores = torch.tensor([e.score for e in episodes], dtype=torch.float64)
+    adv = algo.advantages(scores.view(-1, cfg.group_size), cfg).flatten().float()
+    for e, a in zip(episodes, adv.tolist()):
+        e.advantage = a
+    plan = split_minibatches(episodes, cfg, rank, world)
+    def tensors(rows):
+        batch = collate(rows, pad_id, device)
+        args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+        return batch, args
+
+    # π_old and π_ref log-probs are fixed before the first optimizer step. The first mini-batch's
+    # π_old is its own first forward, detached (same weights), so the on-policy case K = μ = 1
+    # costs no extra pass.
+    fixed = {}
+    with torch.no_grad(), autocast():
+        for k, (_, micro) in enumerate(plan):
+            for j, rows in enumerate(micro):
+                if not rows:
+                    continue
+                _, args = tensors(rows)
+                if k > 0:
+                    fixed[("old", k, j)] = scorer(*args, cfg.temperature)[0]
+                if ref_scorer is not None:
+                    fixed[("ref", k, j)] = ref_scorer(*args, cfg.temperature)[0]
+
+    sums, n_opt = {}, 0
+    for _ in range(cfg.epochs):
+        for k, (mb_rows, micro) in enumerate(plan):
+            totals = mini_batch_totals(mb_rows, cfg)
+            for j, rows in enumerate(micro):
+                # A rank with nothing left in this mini-batch still runs a forward/backward
+                # (on a row with weight 0) so that DDP's gradient all-reduce happens everywhere.
+                dummy = not rows
+                batch, args = tensors(rows or mb_rows[:1])
+                sync = j == len(micro) - 1 or world == 1
+                with (nullcontext() if sync else scorer.no_sync()), autocast():
+                    logp, entropy = scorer(*args, cfg.temperature)
+                    old = fixed.setdefault(("old", k, j), logp.detach())
+                    mask = response_mask(batch, rows or mb_rows[:1], cfg)
+                    mb = {"logp": logp, "old_logp": old, "mask": mask, "ref_logp": fixed.get(("ref", k, j)),
+                          "adv": torch.tensor([e.advantage for e in (rows or mb_rows[:1])], device=device)}
+                    loss, metrics = algo.loss(mb, cfg, totals)
+                    # DDP averages gradients over ranks; the loss is already a share of the
+                    # global mini-batch, so undo the average.
+                    (loss * (0.0 if dummy else world)).backward()
+                if not dummy:
+                    metrics["loss/total"] = loss.detach()
+                    metrics["entropy/mean"] = (mask * entropy).sum() / max(totals["tokens"], 1)
+                    for name, v in metrics.items():
+                        sums[name] = sums.get(name, 0.0) + float(v)
+            params = [p for p in lm.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            sums["grad/norm"] = sums.get("grad/norm", 0.0) + grad_norm.item() / world  # same on all ranks
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            n_opt += 1
+    out = all_reduce_sum(sums, device)
+    return {k: v / n_opt for k, v in out.items()}
+
+
+# ============================================================================ logging
+
+class Logger:
+    """Rank 0 writes metrics.jsonl, TensorBoard scalars and samples.jsonl; other ranks are silent."""
+
+    def __init__(self, out: Path, enabled: bool):
+        self.enabled = enabled
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.metrics = (out / "metrics.jsonl").open("a")
+            self.samples = (out / "samples.jsonl").open("a")
+            self.tb = SummaryWriter(str(out))
+
+    def log(self, step: int, metrics: dict, samples: list[Episode] = ()) -> None:
+        if not self.enabled:
+            return
+        metrics = {k: round(float(v), 6) for k, v in metrics.items()}
+        self.metrics.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.metrics.flush()
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, v, step)
+        for e in samples:
+            self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
+                                           "response": e.text, "reward": e.reward}) + "\n")
+            self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
+        self.samples.flush()
+        self.tb.flush()
+
+
+def say(rank: int, *msg) -> None:
+    if rank == 0:
+        tqdm.write(" ".join(str(m) for m in msg))
+
+
+# ============================================================================ main
+
+def main(argv=None) -> None:
+    try:
+        cfg = parse_config(argv)
+        world_env = int(os.environ.get("WORLD_SIZE", "1"))
+        validate(cfg, world_env)
+        task, train_problems, heldout = load_problems(cfg)
+        if cfg.resume:
+            load_trainer_state(Path(cfg.resume))  # fail now, not after loading the model
+    except (DataError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    rank, world, device = setup_distributed()
+    algo = algos.get(cfg.algo)
+
+    out = Path(cfg.out or (Path(cfg.resume).parent.parent if cfg.resume else
+                           Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}"))
+    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    lm = load_model(cfg.resume or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code,
+                    gradient_checkpointing=cfg.gradient_checkpointing)
+    ref_lm = load_model(cfg.model, device=device, trust_remote_code=cfg.trust_remote_code,
+                        trainable=False) if cfg.beta > 0 else None
+    ref_scorer = ResponseLogProbs(ref_lm, cfg.logprob_chunk) if ref_lm is not None else None
+    scorer = ResponseLogProbs(lm, cfg.logprob_chunk)
+    if world > 1:
+        scorer = DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    say(rank, f"policy {cfg.resume or cfg.model}: {count_parameters(lm)} parameters on {device} "
+              f"× {world} rank(s); reference model: {'yes' if ref_lm else 'none (beta = 0)'}")
+
+    step, data_pos = 0, 0
+    if cfg.resume:
+        state = load_trainer_state(Path(cfg.resume))
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, data_pos = state["step"], state["data_pos"]
+        say(rank, f"resumed at step {step} (prompt {data_pos}) from {cfg.resume}")
+
+    stream = PromptStream(train_problems, cfg.seed)
+    logger = Logger(out, rank == 0)
+    sampling_eval = Sampling(cfg.eval_temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens)
+
+    def run_eval():
+        with autocast():
+            return evaluate(lm, tokenizer, task, heldout, n=cfg.eval_samples, ks=cfg.eval_k,
+                            sampling=sampling_eval, chat_template=cfg.chat_template, seed=cfg.seed + 7919)
+
+    def checkpoint():
+        if rank == 0:
+            state = {"step": step, "data_pos": data_pos, "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict()}
+            save_checkpoint(out / "checkpoints" / f"step-{step}", model=lm, tokenizer=tokenizer,
+                            trainer_state=state)
+        if world > 1:
+            dist.barrier()
+
+    if cfg.eval_every and step == 0 and heldout:
+        metrics = run_eval()
+        logger.log(0, metrics)
+        say(rank, "step 0 " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+
+    bar = tqdm(range(step + 1, cfg.max_steps + 1), disable=rank != 0, desc=cfg.algo, initial=step,
+               total=cfg.max_steps)
+    for step in bar:
+        # Every random draw of a step comes from (seed, step, rank): a resumed run replays the
+        # same trajectory without saving RNG states.
+        torch.manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
+        random.seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
+        t0 = time.perf_counter()
+        with autocast():
+            episodes, generated, data_pos, metrics = collect_rollouts(
+                lm, tokenizer, task, stream, data_pos, cfg, rank, world)
+        t1 = time.perf_counter()
+        if episodes:
+            metrics.update(update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg,
+                                  autocast, tokenizer.pad_token_id, rank, world, device))
+        else:  # dynamic sampling kept nothing: every rank skips the update alike
+            metrics["dynamic/skipped_update"] = 1.0
+        t2 = time.perf_counter()
+        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
+                        "lr": scheduler.get_last_lr()[0]})
+        if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
+            metrics.update(run_eval())
+        logger.log(step, metrics, generated[:cfg.log_samples])
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
+        if "eval/accuracy" in metrics:
+            say(rank, f"step {step} eval/accuracy {metrics['eval/accuracy']:.3f} "
+                      + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
+            checkpoint()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
