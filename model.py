@@ -7,7 +7,6 @@ computed only at completion positions, from the decoder's last hidden state, in 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -69,7 +68,7 @@ class ResponseLogProbs(nn.Module):
     log-prob of response token t under the logits at position P − 1 + t (SPEC §0 alignment).
     """
 
-    def __init__(self, lm, chunk: int = 1024):
+    def __init__(self, lm, chunk: int = 512):
         super().__init__()
         self.lm, self.chunk = lm, chunk
 
@@ -122,5 +121,3 @@ def count_parameters(model) -> str:
     return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())

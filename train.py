@@ -40,6 +40,7 @@ import torch.distributed as dist
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+from transformers.utils import logging as hf_logging
 
 import algos
 from eval import evaluate
@@ -111,7 +112,7 @@ class Config:
     # --- system
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
     gradient_checkpointing: bool = False  # trade compute for memory in training forwards
-    logprob_chunk: int = 1024  # tokens per chunk of the log-prob computation
+    logprob_chunk: int = 512  # tokens per chunk of the log-prob computation (peak ~ 5·chunk·vocab·4 B)
     trust_remote_code: bool = False  # allow model code shipped with a checkpoint
 
 
@@ -121,8 +122,7 @@ def parse_config(argv=None) -> Config:
     parser = argparse.ArgumentParser(description="RL with verifiable rewards (see README.md)",
                                      argument_default=argparse.SUPPRESS)
     for f in fields(Config):
-        kind = type(Config.__dataclass_fields__[f.name].default_factory()) \
-            if f.default is dataclasses.MISSING else type(f.default)
+        kind = _kind(f.name)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
                             help=_help(f.name), metavar=kind.__name__.upper())
     cli = vars(parser.parse_args(argv))
@@ -130,6 +130,11 @@ def parse_config(argv=None) -> Config:
     algo = cli.get("algo", file_values.get("algo", Config.algo))
     values = {**algos.get(algo).preset, **file_values, **cli}
     return Config(**values)
+
+
+def _kind(name: str) -> type:
+    f = Config.__dataclass_fields__[name]
+    return type(f.default_factory() if f.default is dataclasses.MISSING else f.default)
 
 
 def _parser_for(kind):
@@ -165,7 +170,15 @@ def _read_yaml(path: str) -> dict:
     if unknown:
         raise DataError(f"--config {path}: unknown field(s) {', '.join(unknown)}; "
                         f"see the Config dataclass in train.py for the names")
-    return values
+    out = {}
+    for name, value in values.items():  # YAML reads 1e-6 as a string; the field type decides
+        kind = _kind(name)
+        try:
+            out[name] = ([int(v) for v in value] if kind is list and isinstance(value, list)
+                         else _parser_for(kind)(str(value)))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise DataError(f"--config {path}: field {name}: {value!r} is not a {kind.__name__}") from None
+    return out
 
 
 def validate(cfg: Config, world: int) -> None:
@@ -313,6 +326,7 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
             "reward/zero_std_groups": float((grouped.std(1) == 0).mean()),
             "score/mean": float(np.mean([e.score for e in episodes])),
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
+            "tokens/generated": lengths.sum(),
             "length/truncated": float(np.mean([e.truncated for e in episodes]))}
 
 
@@ -410,8 +424,9 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             n_opt += 1
-    out = all_reduce_sum(sums, device)
-    return {k: v / n_opt for k, v in out.items()}
+    out = {k: v / n_opt for k, v in all_reduce_sum(sums, device).items()}
+    out["tokens/trained"] = cfg.epochs * sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
+    return out
 
 
 # ============================================================================ logging
@@ -458,10 +473,11 @@ def main(argv=None) -> None:
         task, train_problems, heldout = load_problems(cfg)
         if cfg.resume:
             load_trainer_state(Path(cfg.resume))  # fail now, not after loading the model
-    except (DataError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
     rank, world, device = setup_distributed()
     algo = algos.get(cfg.algo)
+    hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
 
     out = Path(cfg.out or (Path(cfg.resume).parent.parent if cfg.resume else
                            Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}"))

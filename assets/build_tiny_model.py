@@ -41,7 +41,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(vocab_size: int, seed: int, hidden: int = 128, layers: int = 4) -> LlamaForCausalLM:
+def build_model(vocab_size: int, seed: int, hidden: int = 96, layers: int = 3) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
@@ -64,8 +64,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=4000)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=96)
+    ap.add_argument("--layers", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
 

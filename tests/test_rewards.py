@@ -1,0 +1,91 @@
+"""Graders, answer extraction, data-file errors, pass@k."""
+import json
+
+import pytest
+
+from eval import pass_at_k
+from rewards import (CountdownTask, DataError, Problem, RunningSumTask, builtin_splits, gold_answer,
+                     grade_math, load_jsonl, make_task, overlong_penalty, parse_arithmetic)
+
+
+def test_running_sum_solution_and_grader():
+    task = RunningSumTask()
+    assert task.solution([12, 7, 35]) == "12+7=19 19+35=54 <answer>54</answer>"
+    p = Problem("Add 12+7+35", "54")
+    assert task.grade(p, "12+7=19 19+35=54 <answer>54</answer>") == 1.0
+    assert task.grade(p, "<answer>53</answer>") == 0.0
+    assert task.grade(p, "54") == 0.0  # the tag is required
+    assert task.grade(p, "<answer>5 4</answer>") == 0.0
+
+
+def test_running_sum_difficulty_knobs_and_splits():
+    task = make_task("running_sum", sum_min_terms=6, sum_max_terms=6, sum_digits=3)
+    train, heldout = builtin_splits(task)
+    assert all(len(p.prompt[4:].split("+")) == 6 for p in heldout[:50])
+    assert all(int(t) < 1000 for p in heldout[:50] for t in p.prompt[4:].split("+"))
+    assert not {p.prompt for p in heldout} & {p.prompt for p in train}
+    assert builtin_splits(task)[1] == heldout  # seeded
+    with pytest.raises(DataError, match="sum_min_terms"):
+        make_task("running_sum", sum_min_terms=5, sum_max_terms=3)
+
+
+def test_countdown_parser_and_grader():
+    assert parse_arithmetic("(1 + 2) / 3") == (1, [1, 2, 3])
+    assert parse_arithmetic("-3*(2-5)") == (9, [3, 2, 5])
+    for bad in ["__import__('os')", "2**3", "1/0", "(1+2", "1 2"]:
+        with pytest.raises(ValueError):
+            parse_arithmetic(bad)
+    task = CountdownTask()
+    p = Problem("...", json.dumps({"numbers": [3, 5, 7], "target": 22}))
+    assert task.grade(p, "<think>x</think><answer>3*5+7</answer>") == 1.0
+    assert task.grade(p, "<answer>3*5+7+0</answer>") == 0.0  # 0 is not one of the numbers
+    assert task.grade(p, "<answer>5*5-3</answer>") == 0.0  # 5 used twice, 7 unused
+    assert task.grade(p, "<answer>__import__('os').system('x')</answer>") == 0.0
+    problem, nums = task.sample(__import__("random").Random(1))
+    assert "create an equation that equals" in problem.prompt
+    assert json.loads(problem.answer)["numbers"] == nums
+
+
+def test_gold_and_predicted_answers():
+    assert gold_answer("She pays 3*4 = 12.\n#### 12") == "12"
+    assert gold_answer("so x = \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
+    assert grade_math("The answer is \\boxed{0.5}", "\\frac{1}{2}") == 1.0
+    assert grade_math("#### 1,000", "1000") == 1.0
+    assert grade_math("I think 41 then 42", "42") == 1.0
+    assert grade_math("\\boxed{43}", "42") == 0.0
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_jsonl_fields_and_errors(tmp_path):
+    ok = write(tmp_path, "ok.jsonl", json.dumps({"question": "1+1?", "answer": "so #### 2"}) + "\n\n"
+               + json.dumps({"problem": "x", "solution": "\\boxed{3}"}) + "\n")
+    assert load_jsonl(ok) == [Problem("1+1?", "2"), Problem("x", "3")]
+    bad = write(tmp_path, "bad.jsonl", json.dumps({"prompt": "a", "answer": "1"}) + "\n{oops\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
+        load_jsonl(bad)
+    missing = write(tmp_path, "missing.jsonl", json.dumps({"prompt": "a", "label": "1"}) + "\n")
+    with pytest.raises(DataError, match=r"missing.jsonl:1: missing field: expected one of answer, "
+                                        r"ground_truth, solution; the line has label, prompt"):
+        load_jsonl(missing)
+    empty = write(tmp_path, "empty.jsonl", "\n")
+    with pytest.raises(DataError, match=r"empty.jsonl: the dataset is empty"):
+        load_jsonl(empty)
+    with pytest.raises(DataError, match="no such file"):
+        load_jsonl(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(DataError, match="not a built-in task"):
+        make_task("gsm9k")
+
+
+def test_overlong_penalty_docstring_values():
+    assert [overlong_penalty(n, 20, 4) for n in (16, 18, 20, 25)] == [0.0, -0.5, -1.0, -1.0]
+
+
+def test_pass_at_k_spec_values():
+    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert pass_at_k(4, 2, 2) == pytest.approx(0.833333, abs=1e-6)
+    assert pass_at_k(256, 3, 64) == pytest.approx(0.5797823066, abs=1e-9)

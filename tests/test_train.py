@@ -1,0 +1,133 @@
+"""The loop end to end: CLI errors, a 2-process torchrun smoke run, checkpoints, resume, Qwen2."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+import train
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24",
+         "--eval-problems", "8", "--eval-samples", "2", "--eval-k", "1,2"]
+
+
+def run_main(argv):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("rows,expected", [
+    ('{"prompt": "a", "answer": "1"}\nnot json\n', r"bad.jsonl:2: not valid JSON"),
+    ('{"prompt": "a", "label": "1"}\n', r"bad.jsonl:1: missing field: expected one of answer"),
+    ('\n', r"bad.jsonl: the dataset is empty"),
+])
+def test_bad_data_file_errors_before_loading_a_model(tmp_path, rows, expected):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(rows)
+    msg = run_main(["--data", str(path), "--eval-every", "0", "--model", "/nonexistent"])
+    assert msg.startswith("error: ") and __import__("re").search(expected, msg)
+
+
+def test_config_errors(tmp_path, monkeypatch):
+    assert "unknown; choose one of grpo" in run_main(["--algo", "ppo"])
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("lr: 1e-6\ngroup_sise: 4\n")
+    assert "unknown field(s) group_sise" in run_main(["--config", str(cfg)])
+    cfg.write_text("lr: fast\n")
+    assert "field lr: 'fast' is not a float" in run_main(["--config", str(cfg)])
+    assert "--eval-data" in run_main(["--data", str(cfg)])  # a file needs a held-out file
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert "prompts_per_step=16 must be divisible by the 3 ranks" in run_main([])
+    monkeypatch.delenv("WORLD_SIZE")
+    assert "eval_k=[1, 8]" in run_main(["--eval-k", "1,8"])
+    assert "no trainer_state.pt" in run_main(["--resume", str(tmp_path)])
+
+
+def test_config_precedence(tmp_path):
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("algo: dapo\nclip_high: 0.3\nlr: 1e-6\n")
+    c = train.parse_config(["--config", str(cfg), "--clip-high", "0.25"])
+    assert (c.algo, c.loss_agg, c.dynamic_sampling) == ("dapo", "token-mean", True)  # preset
+    assert (c.lr, c.clip_high) == (1e-6, 0.25)  # YAML, then the command line wins
+
+
+def test_torchrun_two_processes_smoke(tmp_path):
+    """The README's main command, shortened: default model and task, 2 gloo ranks, 2 steps."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
+           "--algo", "grpo", "--max-steps", "2", "--eval-every", "2", "--out", str(out), *SMALL]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    for key in ("reward/mean", "length/mean", "entropy/mean", "grad/norm", "time/rollout", "lr"):
+        assert key in lines[1]
+    assert 0 <= lines[2]["eval/accuracy"] <= lines[2]["eval/pass@2"] <= 1
+    ckpt = out / "checkpoints" / "step-2"
+    lm = AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF checkpoint
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert lm(**tok("Add 1+2", return_tensors="pt")).logits.shape[-1] == len(tok)
+    assert (out / "config.yaml").is_file() and list(out.glob("events.out.tfevents.*"))
+
+
+def final_weights(run):
+    return load_file(str(run / "checkpoints" / "step-4" / "model.safetensors"))
+
+
+def test_resume_continues_the_same_trajectory(random_model_dir, tmp_path):
+    # A random model never earns the reward; the length penalty gives its groups some spread.
+    common = ["--model", random_model_dir, "--max-steps", "4", "--eval-every", "0", "--lr", "1e-2",
+              "--overlong-penalty", "true", "--overlong-cache", "24", *SMALL]
+    train.main([*common, "--out", str(tmp_path / "a"), "--save-every", "2"])
+    train.main([*common, "--out", str(tmp_path / "b"),
+                "--resume", str(tmp_path / "a" / "checkpoints" / "step-2")])
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    start = load_file(str(Path(random_model_dir) / "model.safetensors"))
+    assert any(not torch.allclose(a[k], start[k]) for k in a)
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    steps_b = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps_b == [3, 4]
+
+    def prompts(run, step):
+        return [json.loads(x)["prompt"] for x in (run / "samples.jsonl").read_text().splitlines()
+                if json.loads(x)["step"] == step]
+    for step in (3, 4):
+        assert prompts(tmp_path / "a", step) == prompts(tmp_path / "b", step)
+
+
+def test_random_qwen2_with_chat_template_runs_one_step(tmp_path):
+    from build_tiny_model import build_tokenizer
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                         "{% endif %}")
+    path = tmp_path / "qwen2"
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=256, tie_word_embeddings=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                     ).save_pretrained(path)
+    out = tmp_path / "run"
+    train.main(["--model", str(path), "--max-steps", "1", "--out", str(out), "--eval-every", "1", *SMALL])
+    step = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["step"] == 1 and step["grad/norm"] > 0
+    assert AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "step-1").config.model_type == "qwen2"
+
+
+def test_every_config_parses_and_tiny_grpo_is_the_default():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        train.parse_config(["--config", str(path)])
+    tiny = train.parse_config(["--config", str(ROOT / "configs" / "tiny_grpo.yaml")])
+    assert tiny == train.parse_config([]), "configs/tiny_grpo.yaml drifted from the defaults"
