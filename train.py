@@ -61,7 +61,7 @@ class Config:
     data: str = "running_sum"  # built-in task (running_sum, countdown) or a .jsonl file
     eval_data: str = ""  # held-out .jsonl; built-in tasks use their own held-out split
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
-    max_steps: int = 120  # rollout batches (each gives K × μ optimizer steps)
+    max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
     seed: int = 0  # fixes data order, sampling and everything else
     resume: str = ""  # a checkpoints/step-N folder to continue from
     # --- task
@@ -81,7 +81,7 @@ class Config:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # response budget; responses without EOS by then are truncated
     # --- optimizer
-    lr: float = 2e-4  # AdamW learning rate after warm-up
+    lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
@@ -101,7 +101,7 @@ class Config:
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal; resample
     max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
     # --- eval
-    eval_every: int = 20  # steps between held-out evals (and one before step 1); 0 = off
+    eval_every: int = 50  # steps between held-out evals (and one before step 1); 0 = off
     eval_problems: int = 200  # held-out problems per eval
     eval_samples: int = 4  # n: samples per problem
     eval_k: list = field(default_factory=lambda: [1, 4])  # pass@k values, each ≤ eval_samples
