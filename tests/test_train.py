@@ -121,7 +121,8 @@ def test_random_qwen2_with_chat_template_runs_one_step(tmp_path):
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
                      ).save_pretrained(path)
     out = tmp_path / "run"
-    train.main(["--model", str(path), "--max-steps", "1", "--out", str(out), "--eval-every", "1", *SMALL])
+    train.main(["--model", str(path), "--max-steps", "1", "--out", str(out), "--eval-every", "1",
+                "--overlong-penalty", "true", "--overlong-cache", "24", *SMALL])  # a reward spread
     step = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["step"] == 1 and step["grad/norm"] > 0
     assert AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "step-1").config.model_type == "qwen2"
@@ -132,3 +133,17 @@ def test_every_config_parses_and_tiny_grpo_is_the_default():
         train.parse_config(["--config", str(path)])
     tiny = train.parse_config(["--config", str(ROOT / "configs" / "tiny_grpo.yaml")])
     assert replace(tiny, config="") == train.parse_config([]), "tiny_grpo.yaml drifted from the defaults"
+
+
+def test_dapo_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
+    out = tmp_path / "dapo"
+    train.main(["--algo", "dapo", "--max-steps", "2", "--eval-every", "0", "--out", str(out), *SMALL])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(-1 <= s["reward"] <= 1 for s in samples)
+    for r in rows:
+        rounds = r["dynamic/extra_rounds"]
+        assert 0 <= rounds <= 3
+        # every round samples 4 prompts; what was not dropped was kept (up to B = 4)
+        assert r["dynamic/kept_groups"] == min(4, 4 * (rounds + 1) - r["dynamic/dropped_groups"])
+        assert r["dynamic/kept_groups"] == 4 or rounds == 3
