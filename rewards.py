@@ -140,14 +140,14 @@ COUNTDOWN_PROMPT = (
     "example <answer> (1 + 2) / 3 </answer>.")
 
 
-class ArithmeticError_(ValueError):
+class ExpressionError(ValueError):
     pass
 
 
 def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
     """Evaluate + - * / ( ) over integers exactly, returning (value, integers used).
 
-    "(1 + 2) / 3" -> (Fraction(1), [1, 2, 3]). Raises ArithmeticError_ on anything else,
+    "(1 + 2) / 3" -> (Fraction(1), [1, 2, 3]). Raises ExpressionError on anything else,
     including division by zero. A hand-written recursive-descent parser: model output is
     never passed to Python's eval.
     """
@@ -165,26 +165,26 @@ def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
     def atom() -> Fraction:
         tok = take() if peek() is not None else None
         if tok is None:
-            raise ArithmeticError_("unexpected end")
+            raise ExpressionError("unexpected end")
         if tok == "-":
             return -atom()
         if tok == "(":
             val = expression()
             if peek() != ")":
-                raise ArithmeticError_("missing )")
+                raise ExpressionError("missing )")
             take()
             return val
         if tok.isdigit():
             used.append(int(tok))
             return Fraction(int(tok))
-        raise ArithmeticError_(f"unexpected {tok!r}")
+        raise ExpressionError(f"unexpected {tok!r}")
 
     def term() -> Fraction:
         val = atom()
         while peek() in ("*", "/"):
             op, rhs = take(), atom()
             if op == "/" and rhs == 0:
-                raise ArithmeticError_("division by zero")
+                raise ExpressionError("division by zero")
             val = val * rhs if op == "*" else val / rhs
         return val
 
@@ -197,7 +197,7 @@ def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
 
     value = expression()
     if pos != len(tokens):
-        raise ArithmeticError_(f"trailing {tokens[pos]!r}")
+        raise ExpressionError(f"trailing {tokens[pos]!r}")
     return value, used
 
 
@@ -227,7 +227,7 @@ class CountdownTask:
             return 0.0
         try:
             value, used = parse_arithmetic(expr)
-        except ArithmeticError_:
+        except ExpressionError:
             return 0.0
         return float(sorted(used) == sorted(gold["numbers"]) and value == gold["target"])
 

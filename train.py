@@ -43,6 +43,7 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import algos
+from algos.grpo import ADV_NORMS, LOSS_AGGS
 from eval import evaluate
 from model import (ResponseLogProbs, count_parameters, load_model, load_tokenizer,
                    load_trainer_state, save_checkpoint)
@@ -183,7 +184,6 @@ def _read_yaml(path: str) -> dict:
 
 def validate(cfg: Config, world: int) -> None:
     """Every mistake we can see before loading a model, with the field to change."""
-    from algos.grpo import ADV_NORMS, LOSS_AGGS
     checks = [
         (cfg.prompts_per_step % world == 0,
          f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks"),
@@ -457,6 +457,12 @@ class Logger:
         self.samples.flush()
         self.tb.flush()
 
+    def close(self) -> None:
+        if self.enabled:
+            self.metrics.close()
+            self.samples.close()
+            self.tb.close()
+
 
 def say(rank: int, *msg) -> None:
     if rank == 0:
@@ -564,6 +570,7 @@ def main(argv=None) -> None:
                       + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
             checkpoint()
+    logger.close()
     if world > 1:
         dist.destroy_process_group()
 

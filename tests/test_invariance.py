@@ -52,6 +52,7 @@ def _worker(rank, world, init_file, model_dir, cfg, out_file):
     params, metrics = one_update(model_dir, cfg, rank, world)
     if rank == 0:
         torch.save({"params": params, "metrics": metrics}, out_file)
+    dist.barrier()  # neither rank tears gloo down while the other still uses it
     dist.destroy_process_group()
 
 
