@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile

@@ -1,6 +1,5 @@
 """The loop end to end: CLI errors, a 2-process torchrun smoke run, checkpoints, resume, Qwen2."""
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
