@@ -350,17 +350,21 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     return out
 
 
+def trained(e: Episode, cfg: Config) -> bool:
+    """Whether the loss sees this response: DAPO overlong filtering (mask_truncated) drops
+    truncated ones. The loss mask and the global normalisers both follow this one rule."""
+    return not (cfg.mask_truncated and e.truncated)
+
+
 def response_mask(batch, episodes: list[Episode], cfg: Config) -> torch.Tensor:
     mask = batch.response_mask
-    if cfg.mask_truncated:  # DAPO overlong filtering: truncated responses teach nothing
-        keep = torch.tensor([not e.truncated for e in episodes], dtype=mask.dtype, device=mask.device)
-        mask = mask * keep[:, None]
-    return mask
+    keep = torch.tensor([trained(e, cfg) for e in episodes], dtype=mask.dtype, device=mask.device)
+    return mask * keep[:, None]
 
 
 def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
     """Global normalisers of a mini-batch (SPEC §0): valid tokens and sequences with any."""
-    lengths = [0 if (cfg.mask_truncated and e.truncated) else len(e.response_ids) for e in episodes]
+    lengths = [len(e.response_ids) if trained(e, cfg) else 0 for e in episodes]
     return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0)}
 
 
@@ -400,14 +404,15 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                 # A rank with nothing left in this mini-batch still runs a forward/backward
                 # (on a row with weight 0) so that DDP's gradient all-reduce happens everywhere.
                 dummy = not rows
-                batch, args = tensors(rows or mb_rows[:1])
+                rows = rows or mb_rows[:1]
+                batch, args = tensors(rows)
                 sync = j == len(micro) - 1 or world == 1
                 with (nullcontext() if sync else scorer.no_sync()), autocast():
                     logp, entropy = scorer(*args, cfg.temperature)
                     old = fixed.setdefault(("old", k, j), logp.detach())
-                    mask = response_mask(batch, rows or mb_rows[:1], cfg)
+                    mask = response_mask(batch, rows, cfg)
                     mb = {"logp": logp, "old_logp": old, "mask": mask, "ref_logp": fixed.get(("ref", k, j)),
-                          "adv": torch.tensor([e.advantage for e in (rows or mb_rows[:1])], device=device)}
+                          "adv": torch.tensor([e.advantage for e in rows], device=device)}
                     loss, metrics = algo.loss(mb, cfg, totals)
                     # DDP averages gradients over ranks; the loss is already a share of the
                     # global mini-batch, so undo the average.
