@@ -1,4 +1,4 @@
-"""Policy / reference / tokenizer loading, token log-probs and entropy, checkpoints.
+"""Policy / reference / tokenizer loading, token log-probs, entropy and vocab-mean, checkpoints.
 
 Log-probs (SPEC §0) are float32 and temperature-scaled: logp = z/τ[y] − logsumexp(z/τ). They are
 computed only at completion positions, from the decoder's last hidden state, in chunks of
@@ -45,17 +45,23 @@ def load_model(path: str, *, dtype: str = "float32", device: str = "cpu",
     return model
 
 
-def _chunk_stats(h, weight, bias, targets, temperature, softcap):
-    """h [c, H], targets [c] -> (logp [c], entropy [c]) in float32; entropy carries no gradient."""
+def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, entropy_grad):
+    """h [c, H], targets [c] -> (logp, entropy, vocab-mean or an empty tensor), each [c] float32.
+
+    Only logp always carries a gradient: entropy does when entropy_grad (an entropy bonus), the
+    vocab-mean M = mean(z/τ) − logsumexp(z/τ) never does (ROVER uses it inside a stop-gradient
+    target, SPEC §3)."""
     z = F.linear(h, weight, bias).float()
     if softcap:  # Gemma-2 style final-logit soft-capping is part of the model's distribution
         z = torch.tanh(z / softcap) * softcap
     z = z / temperature
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-    return logp, entropy
+    with torch.no_grad():
+        mean = z.mean(-1) - lse if vocab_mean else z.new_empty(0)
+    return logp, entropy, mean
 
 
 class ResponseLogProbs(nn.Module):
@@ -64,15 +70,17 @@ class ResponseLogProbs(nn.Module):
     DDP wraps this module (not the LM) so that its forward — and so its gradient hooks — covers
     exactly the computation the loss uses. Input layout (rollout.collate):
     input_ids [N, P + Tr] = left-padded prompt ⧺ right-padded response; response_mask [N, Tr].
-    Output (logp, entropy), both [N, Tr] float32, zero where response_mask is 0; index t is the
-    log-prob of response token t under the logits at position P − 1 + t (SPEC §0 alignment).
+    Output: a dict of [N, Tr] float32 tensors, zero where response_mask is 0 — "logp" and
+    "entropy", plus "vocab_mean" when asked. Index t belongs to the logits at position P − 1 + t,
+    the ones that predict response token t (SPEC §0 alignment).
     """
 
     def __init__(self, lm, chunk: int = 512):
         super().__init__()
         self.lm, self.chunk = lm, chunk
 
-    def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float):
+    def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float,
+                vocab_mean: bool = False, entropy_grad: bool = False) -> dict:
         n, tr = response_mask.shape
         p = input_ids.shape[1] - tr
         hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
@@ -82,22 +90,20 @@ class ResponseLogProbs(nn.Module):
         targets = input_ids[:, p:][valid]
         head = self.lm.get_output_embeddings()
         softcap = getattr(self.lm.config, "final_logit_softcapping", None)
-        logps, ents = [], []
+        parts = []
         for s in range(0, h.shape[0], self.chunk):
             args = (h[s:s + self.chunk], head.weight, head.bias, targets[s:s + self.chunk],
-                    temperature, softcap)
+                    temperature, softcap, vocab_mean, entropy_grad)
             if torch.is_grad_enabled():
-                lp, en = checkpoint(_chunk_stats, *args, use_reentrant=False)
+                parts.append(checkpoint(_chunk_stats, *args, use_reentrant=False))
             else:
-                lp, en = _chunk_stats(*args)
-            logps.append(lp)
-            ents.append(en)
-        logp = torch.zeros(n, tr, device=h.device, dtype=torch.float32)
-        entropy = torch.zeros_like(logp)
-        if logps:
-            logp = logp.masked_scatter(valid, torch.cat(logps))
-            entropy = entropy.masked_scatter(valid, torch.cat(ents))
-        return logp, entropy
+                parts.append(_chunk_stats(*args))
+        names = ("logp", "entropy", "vocab_mean") if vocab_mean else ("logp", "entropy")
+        out = {}
+        for name, chunks in zip(names, zip(*parts) if parts else [()] * len(names)):
+            full = hidden.new_zeros(n, tr, dtype=torch.float32)
+            out[name] = full.masked_scatter(valid, torch.cat(chunks)) if chunks else full
+        return out
 
 
 def save_checkpoint(path: Path, *, model, tokenizer, trainer_state: dict) -> None:

@@ -44,6 +44,8 @@ from transformers.utils import logging as hf_logging
 
 import algos
 from algos.grpo import ADV_NORMS, LOSS_AGGS
+from algos.pacs import PACS_PSIS
+from algos.rover import ROVER_ADVS
 from eval import evaluate
 from model import (ResponseLogProbs, count_parameters, load_model, load_tokenizer,
                    load_trainer_state, save_checkpoint)
@@ -95,6 +97,16 @@ class Config:
     dual_clip: float = 0.0  # c > 1 caps the loss of negative-advantage tokens at −c·A; 0 = off
     loss_agg: str = "seq-mean-token-mean"  # | token-mean | seq-mean-token-sum-norm (L = max_new_tokens)
     beta: float = 0.0  # k3 KL weight to a frozen reference; 0 loads no reference model
+    entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
+    # --- PSR / NSR / W-REINFORCE (algos/nsr.py)
+    train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
+    positive_advantage_weight: float = 0.1  # λ: advantage of a correct response (W-REINFORCE)
+    # --- ROVER (algos/rover.py)
+    rover_temp: float = 1.0  # ρ: Q = ρ · (logp − logp_old)
+    rover_adv: str = "group"  # group (official math recipe) | mean (paper: R − group mean)
+    # --- PACS (algos/pacs.py)
+    pacs_beta: float = 1.0  # β: score r̂ = β · Σ_t (logp − logp_old) over the response
+    pacs_psi: str = "loo"  # r̂ -> logit ψ within the group: loo (leave-one-out) | zscore | none
     # --- batch shaping (DAPO)
     mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
     overlong_penalty: bool = False  # soft length penalty added to the reward
@@ -197,6 +209,14 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.loss_agg in LOSS_AGGS, f"loss_agg={cfg.loss_agg!r}: choose one of {LOSS_AGGS}"),
         (cfg.std_estimator in ("unbiased", "population"),
          f"std_estimator={cfg.std_estimator!r}: choose unbiased or population"),
+        (cfg.train_on in TRAIN_ON, f"train_on={cfg.train_on!r}: choose one of {TRAIN_ON}"),
+        (cfg.rover_adv in ROVER_ADVS, f"rover_adv={cfg.rover_adv!r}: choose one of {ROVER_ADVS}"),
+        (cfg.pacs_psi in PACS_PSIS, f"pacs_psi={cfg.pacs_psi!r}: choose one of {PACS_PSIS}"),
+        (cfg.algo != "pacs" or cfg.pacs_psi != "loo" or cfg.group_size >= 2,
+         "pacs_psi=loo needs group_size ≥ 2 (it compares each response with the rest of its group)"),
+        (not algos.get(cfg.algo).whole_groups or cfg.micro_batch_size >= cfg.group_size,
+         f"--algo {cfg.algo} keeps each group whole in a micro-batch: micro_batch_size="
+         f"{cfg.micro_batch_size} must be ≥ group_size={cfg.group_size}"),
         (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
         (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
         (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
@@ -332,28 +352,74 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
 
 # ============================================================================ update
 
-def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: int):
-    """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
+TRAIN_ON = ("all", "correct", "incorrect")
 
-    Mini-batches hold whole groups; inside one, groups are split over ranks as evenly as they go,
-    and every rank gets the same number of micro-batches (some possibly empty) so that DDP's
-    collectives line up. 3 groups, 2 ranks, 1 mini-batch: rank 0 gets groups 0-1, rank 1 group 2.
-    """
-    groups = [episodes[i:i + cfg.group_size] for i in range(0, len(episodes), cfg.group_size)]
-    out = []
-    for mb_groups in np.array_split(np.arange(len(groups)), min(cfg.mini_batches, len(groups))):
-        per_rank = [[e for g in part for e in groups[g]] for part in np.array_split(mb_groups, world)]
-        n_micro = max(max(math.ceil(len(rows) / cfg.micro_batch_size) for rows in per_rank), 1)
-        mine = per_rank[rank]
-        micro = [mine[i * cfg.micro_batch_size:(i + 1) * cfg.micro_batch_size] for i in range(n_micro)]
-        out.append(([e for g in mb_groups for e in groups[g]], micro))
-    return out
+
+def selected(e: Episode, cfg: Config) -> bool:
+    """Whether the update keeps this response at all (PSR/NSR drop the others, SPEC §2).
+    Correct means score > 0: with 0/1 rewards, reward 1."""
+    return cfg.train_on == "all" or (e.score > 0) == (cfg.train_on == "correct")
 
 
 def trained(e: Episode, cfg: Config) -> bool:
-    """Whether the loss sees this response: DAPO overlong filtering (mask_truncated) drops
+    """Whether the loss sees this kept response: DAPO overlong filtering (mask_truncated) masks
     truncated ones. The loss mask and the global normalisers both follow this one rule."""
     return not (cfg.mask_truncated and e.truncated)
+
+
+def balanced_split(sizes: list[int], parts: int, nonempty: bool = False) -> list[range]:
+    """Cut a sequence of items into `parts` contiguous runs of about equal total size.
+
+    sizes [4, 4, 4], 2 parts -> [range(0, 2), range(2, 3)] (8 and 4 rows);
+    sizes [1, 1, 6, 1, 1], 2 parts -> [range(0, 3), range(3, 5)]. A run may be empty unless
+    `nonempty` (then len(sizes) ≥ parts is required).
+    """
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    bounds = [0]
+    for j in range(1, parts):
+        b = int(np.searchsorted(cum, j * cum[-1] / parts))  # first cut with ≥ j/parts of the rows
+        if nonempty:
+            b = min(max(b, bounds[-1] + 1), len(sizes) - (parts - j))
+        bounds.append(max(b, bounds[-1]))
+    bounds.append(len(sizes))
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def pack(units: list[list], cap: int) -> list[list]:
+    """Consecutive units into micro-batches of at most `cap` rows; a unit is never split.
+    [[a, b], [c, d], [e, f]], cap 4 -> [[a, b, c, d], [e, f]]."""
+    micro = []
+    for unit in units:
+        if micro and len(micro[-1]) + len(unit) <= cap:
+            micro[-1] = micro[-1] + unit
+        else:
+            micro.append(list(unit))
+    return micro
+
+
+def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: int,
+                      whole_groups: bool = False):
+    """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
+
+    Mini-batches hold whole groups and keep their configured size of B·G/K rows, so when PSR/NSR
+    drop rows there are fewer of them. Inside one, rows (or, with whole_groups, groups) are
+    spread over ranks as evenly as they go, and every rank gets the same number of micro-batches
+    (some possibly empty) so that DDP's collectives line up. 12 rows, 2 ranks, micro-batch 4:
+    rank 0 gets rows 0-5 as [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
+    """
+    groups = [[e for e in episodes if e.group == g] for g in dict.fromkeys(e.group for e in episodes)]
+    full = cfg.prompts_per_step * cfg.group_size
+    k = min(len(groups), math.ceil(len(episodes) * cfg.mini_batches / full))
+    out = []
+    for part in balanced_split([len(g) for g in groups], k, nonempty=True):
+        mb_groups = [groups[i] for i in part]
+        units = mb_groups if whole_groups else [[e] for g in mb_groups for e in g]
+        per_rank = [pack([units[i] for i in r], cfg.micro_batch_size)
+                    for r in balanced_split([len(u) for u in units], world)]
+        n_micro = max(1, max(len(m) for m in per_rank))
+        mine = per_rank[rank] + [[] for _ in range(n_micro - len(per_rank[rank]))]
+        out.append(([e for g in mb_groups for e in g], mine))
+    return out
 
 
 def response_mask(batch, episodes: list[Episode], cfg: Config) -> torch.Tensor:
@@ -375,15 +441,20 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
     adv = algo.advantages(scores.view(-1, cfg.group_size), cfg).flatten().float()
     for e, a in zip(episodes, adv.tolist()):
         e.advantage = a
-    plan = split_minibatches(episodes, cfg, rank, world)
+    episodes = [e for e in episodes if selected(e, cfg)]  # the same list on every rank
+    if not episodes:
+        return {"update/skipped": 1.0, "update/rows": 0}
+    plan = split_minibatches(episodes, cfg, rank, world, algo.whole_groups)
+    want = dict(vocab_mean=algo.vocab_mean, entropy_grad=cfg.entropy_coef > 0)
+
     def tensors(rows):
         batch = collate(rows, pad_id, device)
         args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
         return batch, args
 
-    # π_old and π_ref log-probs are fixed before the first optimizer step. The first mini-batch's
-    # π_old is its own first forward, detached (same weights), so the on-policy case K = μ = 1
-    # costs no extra pass.
+    # π_old and π_ref quantities are fixed before the first optimizer step. The first
+    # mini-batch's π_old is its own first forward, detached (same weights), so the on-policy
+    # case K = μ = 1 costs no extra pass.
     fixed = {}
     with torch.no_grad(), autocast():
         for k, (_, micro) in enumerate(plan):
@@ -392,9 +463,9 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                     continue
                 _, args = tensors(rows)
                 if k > 0:
-                    fixed[("old", k, j)] = scorer(*args, cfg.temperature)[0]
+                    fixed[("old", k, j)] = scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean)
                 if ref_scorer is not None:
-                    fixed[("ref", k, j)] = ref_scorer(*args, cfg.temperature)[0]
+                    fixed[("ref", k, j)] = ref_scorer(*args, cfg.temperature)["logp"]
 
     sums, n_opt = {}, 0
     for _ in range(cfg.epochs):
@@ -408,18 +479,25 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                 batch, args = tensors(rows)
                 sync = j == len(micro) - 1 or world == 1
                 with (nullcontext() if sync else scorer.no_sync()), autocast():
-                    logp, entropy = scorer(*args, cfg.temperature)
-                    old = fixed.setdefault(("old", k, j), logp.detach())
+                    out = scorer(*args, cfg.temperature, **want)
+                    old = fixed.setdefault(("old", k, j), {n: v.detach() for n, v in out.items()})
                     mask = response_mask(batch, rows, cfg)
-                    mb = {"logp": logp, "old_logp": old, "mask": mask, "ref_logp": fixed.get(("ref", k, j)),
-                          "adv": torch.tensor([e.advantage for e in rows], device=device)}
+                    mb = {"logp": out["logp"], "old_logp": old["logp"], "mask": mask,
+                          "ref_logp": fixed.get(("ref", k, j)), "entropy": out["entropy"],
+                          "adv": torch.tensor([e.advantage for e in rows], device=device),
+                          "group": torch.tensor([e.group for e in rows], device=device)}
+                    if algo.vocab_mean:
+                        mb.update(vocab_mean=out["vocab_mean"], old_vocab_mean=old["vocab_mean"])
                     loss, metrics = algo.loss(mb, cfg, totals)
+                    entropy = (mask * out["entropy"]).sum() / max(totals["tokens"], 1)
+                    if cfg.entropy_coef > 0:
+                        loss = loss - cfg.entropy_coef * entropy
                     # DDP averages gradients over ranks; the loss is already a share of the
-                    # global mini-batch, so undo the average.
-                    (loss * (0.0 if dummy else world)).backward()
+                    # global mini-batch, so undo the average. A dummy row adds exact zeros.
+                    (out["logp"].sum() * 0.0 if dummy else loss * world).backward()
                 if not dummy:
                     metrics["loss/total"] = loss.detach()
-                    metrics["entropy/mean"] = (mask * entropy).sum() / max(totals["tokens"], 1)
+                    metrics["entropy/mean"] = entropy.detach()
                     for name, v in metrics.items():
                         sums[name] = sums.get(name, 0.0) + float(v)
             params = [p for p in lm.parameters() if p.grad is not None]
@@ -430,7 +508,8 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
             optimizer.zero_grad(set_to_none=True)
             n_opt += 1
     out = {k: v / n_opt for k, v in all_reduce_sum(sums, device).items()}
-    out["tokens/trained"] = cfg.epochs * sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)
+    out.update({"update/skipped": 0.0, "update/rows": len(episodes), "update/optimizer_steps": n_opt,
+                "tokens/trained": cfg.epochs * sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)})
     return out
 
 
@@ -562,7 +641,7 @@ def main(argv=None) -> None:
             metrics.update(update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg,
                                   autocast, tokenizer.pad_token_id, rank, world, device))
         else:  # dynamic sampling kept nothing: every rank skips the update alike
-            metrics["dynamic/skipped_update"] = 1.0
+            metrics["update/skipped"] = 1.0
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
                         "lr": scheduler.get_last_lr()[0]})

@@ -4,7 +4,11 @@ An algorithm is small and pure. It gives
   preset      Config values it starts from (a YAML file and the command line override them);
   advantages  (scores [n_groups, G] of the whole global batch, cfg) -> advantages, same shape;
   loss        (micro-batch tensors, cfg, global mini-batch counts) -> (loss, metrics),
-              both already divided by the mini-batch's global counts (see algos/grpo.py).
+              both already divided by the mini-batch's global counts (see algos/grpo.py);
+and declares what train.update must compute for it:
+  vocab_mean  the loss reads mb["vocab_mean"] and mb["old_vocab_mean"] (ROVER)
+  whole_groups  every group sits whole inside one micro-batch (PACS compares a group's rows)
+Which responses the update trains on is the `train_on` knob, so a preset sets it (PSR, NSR).
 A new method is one new file here plus its lines below.
 """
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from algos import grpo
+from algos import grpo, nsr, pacs, rover
 
 
 @dataclass(frozen=True)
@@ -21,10 +25,17 @@ class Algorithm:
     preset: dict
     advantages: Callable
     loss: Callable
+    vocab_mean: bool = False
+    whole_groups: bool = False
 
 
-ALGORITHMS = {name: Algorithm(name, preset, grpo.batch_advantages, grpo.loss)
-              for name, preset in grpo.PRESETS.items()}
+ALGORITHMS = {
+    **{name: Algorithm(name, preset, grpo.batch_advantages, grpo.loss)
+       for name, preset in grpo.PRESETS.items()},
+    **{name: Algorithm(name, preset, nsr.advantages, grpo.loss) for name, preset in nsr.PRESETS.items()},
+    "rover": Algorithm("rover", rover.PRESET, rover.advantages, rover.loss, vocab_mean=True),
+    "pacs": Algorithm("pacs", pacs.PRESET, pacs.advantages, pacs.loss, whole_groups=True),
+}
 
 
 def get(name: str) -> Algorithm:

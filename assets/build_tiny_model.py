@@ -92,7 +92,7 @@ def main() -> None:
                for i, (ids, (p, t)) in enumerate(zip(encode_prompts(tok, problems, True), samples))]
         b = collate(eps, tok.pad_token_id, "cpu")
         lm.train()
-        logp, _ = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 1.0)
+        logp = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 1.0)["logp"]
         loss = -(logp.sum() / b.response_mask.sum())
         opt.zero_grad()
         loss.backward()

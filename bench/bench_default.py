@@ -63,7 +63,7 @@ if MODE == "naive":
     z = lm(input_ids=ids, attention_mask=ones, position_ids=pos).logits[:, P - 1:-1].float()
     logp = torch.log_softmax(z / 0.7, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
 else:
-    logp, _ = ResponseLogProbs(lm, chunk=512)(ids, ones, pos, mask, 0.7)
+    logp = ResponseLogProbs(lm, chunk=512)(ids, ones, pos, mask, 0.7)["logp"]
 logp.sum().backward()
 print(peak() - base)
 """

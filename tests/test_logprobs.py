@@ -22,7 +22,8 @@ def test_matches_naive_with_padding_and_chunks(random_model_dir):
                    problem=Problem("x", "0")) for p, r in rows]
     b = collate(eps, pad_id=0, device="cpu")
     scorer = ResponseLogProbs(lm, chunk=3)  # 9 tokens -> 3 chunks, each recomputed in backward
-    logp, entropy = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 0.7)
+    out = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 0.7)
+    logp, entropy = out["logp"], out["entropy"]
     assert logp.dtype == torch.float32 and logp.shape == (3, 5)
     assert (logp[b.response_mask == 0] == 0).all()
     grads_ours = torch.autograd.grad(logp.sum(), list(lm.parameters()))

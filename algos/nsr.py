@@ -1,0 +1,42 @@
+"""PSR, NSR and W-REINFORCE: reinforce only the correct responses, only the incorrect, or both.
+
+SPEC.md §2. Paper: Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+Reasoning" (arXiv 2506.01347). Official code: github.com/TianHongZXY/RLVR-Decomposed @ a5d4e7c,
+`verl/trainer/ppo/core_algos.py` (compute_psr_nsr_outcome_advantage) and
+`verl/trainer/ppo/ray_trainer.py` (fit, where the other responses are dropped).
+
+    advantage   A_i = λ if response i is correct (s_i = 1), −1 if not — no baseline, no std
+    psr         train only on the correct responses (λ = 1)
+    nsr         train only on the incorrect responses
+    w_reinforce train on all of them, λ = 0.1
+    loss        §1's PPO clip (ε = 0.2 both sides), token-mean, no KL — algos/grpo.loss as is
+
+PSR and NSR *drop* the other responses rather than zeroing them (the `train_on` knob, applied in
+train.update after the advantages): the token-mean then divides by the kept tokens only, the
+kept rows are rebalanced over ranks, and the number of mini-batches follows the kept rows. A step
+that keeps no row is skipped on every rank and logged as `update/skipped`.
+
+Where we differ from the official code, and why:
+- λ (`positive_advantage_weight`, the official name) is 0.1 for w_reinforce as in the paper; the
+  official yaml default of 1 would be plain ±1 REINFORCE.
+- Entropy bonus: the paper says 1e-4, the official scripts 1e-3; `entropy_coef` defaults to 0 and
+  train.update adds −entropy_coef · (token-mean entropy) to the loss when it is set.
+- "Correct" means score > 0: with the built-in 0/1 rewards that is s = 1. (If the DAPO overlong
+  penalty is switched on, a correct response it pushes to score 0 counts as incorrect.)
+"""
+from __future__ import annotations
+
+import torch
+
+_PPO_TOKEN_MEAN = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", beta=0.0)
+PRESETS = {
+    "psr": dict(train_on="correct", positive_advantage_weight=1.0, **_PPO_TOKEN_MEAN),
+    "nsr": dict(train_on="incorrect", **_PPO_TOKEN_MEAN),
+    "w_reinforce": dict(train_on="all", positive_advantage_weight=0.1, **_PPO_TOKEN_MEAN),
+}
+
+
+def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
+    """λ for correct, −1 for incorrect; no baseline. [[1, 0, 0, 1]], λ = 0.1 -> [[0.1, −1, −1, 0.1]]."""
+    positive = torch.full_like(scores, cfg.positive_advantage_weight)
+    return torch.where(scores > 0, positive, -torch.ones_like(scores))
