@@ -36,3 +36,20 @@ def test_matches_naive_with_padding_and_chunks(random_model_dir):
     grads_ref = torch.autograd.grad(total, list(lm.parameters()))
     for a, b_ in zip(grads_ours, grads_ref):
         assert torch.allclose(a, b_, atol=1e-5)
+
+
+def test_entropy_gradient_only_when_asked(random_model_dir):
+    """An entropy bonus needs d(entropy)/dθ: it matches the naive full softmax, and without
+    entropy_grad the entropy is a constant to autograd."""
+    lm = load_model(random_model_dir)
+    rows = [([5, 6], [9, 10, 1]), ([11, 12, 13], [14, 1])]
+    eps = [Episode(prompt_ids=p, response_ids=r, text="", truncated=False, group=0,
+                   problem=Problem("x", "0")) for p, r in rows]
+    b = collate(eps, pad_id=0, device="cpu")
+    args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 0.8)
+    assert not ResponseLogProbs(lm)(*args)["entropy"].requires_grad
+    entropy = ResponseLogProbs(lm, chunk=2)(*args, entropy_grad=True)["entropy"]
+    ours = torch.autograd.grad(entropy.sum(), list(lm.parameters()))
+    ref = torch.autograd.grad(sum(naive(lm, p, r, 0.8)[1].sum() for p, r in rows), list(lm.parameters()))
+    for a, b_ in zip(ours, ref):
+        assert torch.allclose(a, b_, atol=1e-5)

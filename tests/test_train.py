@@ -1,5 +1,6 @@
 """The loop end to end: CLI errors, a 2-process torchrun smoke run, checkpoints, resume, Qwen2."""
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -58,14 +59,19 @@ def test_config_precedence(tmp_path):
     assert (c.lr, c.clip_high) == (1e-6, 0.25)  # YAML, then the command line wins
 
 
+def torchrun(out, *args) -> list[dict]:
+    """2 gloo ranks of train.py for 2 steps; the metrics.jsonl rows."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
+           "--max-steps", "2", "--out", str(out), *SMALL, *args]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_torchrun_two_processes_smoke(tmp_path):
     """The README's main command, shortened: default model and task, 2 gloo ranks, 2 steps."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
-           "--algo", "grpo", "--max-steps", "2", "--eval-every", "2", "--out", str(out), *SMALL]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = torchrun(out, "--algo", "grpo", "--eval-every", "2")
     assert [x["step"] for x in lines] == [0, 1, 2]
     for key in ("reward/mean", "length/mean", "entropy/mean", "grad/norm", "time/rollout", "lr"):
         assert key in lines[1]
@@ -75,6 +81,29 @@ def test_torchrun_two_processes_smoke(tmp_path):
     tok = AutoTokenizer.from_pretrained(ckpt)
     assert lm(**tok("Add 1+2", return_tensors="pt")).logits.shape[-1] == len(tok)
     assert (out / "config.yaml").is_file() and list(out.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("algo,key", [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"),
+                                      ("psr", "pg/loss"), ("nsr", "pg/loss"), ("w_reinforce", "pg/loss")])
+def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
+    lines = torchrun(tmp_path / algo, "--algo", algo, "--eval-every", "0")
+    assert [x["step"] for x in lines] == [1, 2]
+    for x in lines:
+        assert x["update/skipped"] == 0 and 0 < x["update/rows"] <= 16
+        assert math.isfinite(x[key]) and math.isfinite(x["loss/total"]) and x["grad/norm"] > 0
+    k = train.parse_config(["--algo", algo]).mini_batches
+    assert lines[0]["update/optimizer_steps"] == k  # rover, pacs: K = 4 mini-batches of one group
+
+
+def test_a_step_that_keeps_no_row_is_skipped_on_every_rank(random_model_dir, tmp_path):
+    """A random model is never right, so PSR keeps nothing: both ranks skip both updates (a rank
+    that did not would hang in DDP's all-reduce) and the weights stay as they were."""
+    out = tmp_path / "psr"
+    lines = torchrun(out, "--algo", "psr", "--model", random_model_dir, "--eval-every", "0")
+    assert [x["update/skipped"] for x in lines] == [1, 1] and all(x["reward/mean"] == 0 for x in lines)
+    start = load_file(str(Path(random_model_dir) / "model.safetensors"))
+    end = load_file(str(out / "checkpoints" / "step-2" / "model.safetensors"))
+    assert all(torch.equal(start[k], end[k]) for k in start)
 
 
 def final_weights(run):
