@@ -51,7 +51,10 @@ def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, ent
     Only logp always carries a gradient: entropy does when entropy_grad (an entropy bonus), the
     vocab-mean M = mean(z/τ) − logsumexp(z/τ) never does (ROVER uses it inside a stop-gradient
     target, SPEC §3)."""
-    z = F.linear(h, weight, bias).float()
+    # float32 logits (SPEC §0) even under bf16 autocast: a bf16 logit of 20 is only good to 0.125,
+    # far coarser than the log-ratios that PPO, ROVER and PACS take at small learning rates
+    with torch.autocast(h.device.type, enabled=False):
+        z = F.linear(h.float(), weight.float(), None if bias is None else bias.float())
     if softcap:  # Gemma-2 style final-logit soft-capping is part of the model's distribution
         z = torch.tanh(z / softcap) * softcap
     z = z / temperature

@@ -9,7 +9,8 @@ Each step:
                batch (global counts and batch std then need no further collective)
   2. filter    optional DAPO dynamic sampling: drop groups whose rewards are all equal and
                sample more prompts until B groups are kept or the round cap is hit
-  3. advantage per response, from its whole group (algos/)
+  3. advantage per response, from its whole group (algos/); PSR/NSR then drop the responses
+               they do not train on (train_on), and a step that keeps none skips its update
   4. update    K mini-batches of whole groups × μ epochs, one optimizer step per mini-batch; each
                rank takes its share of the mini-batch in micro-batches; every loss is divided by
                counts of the whole mini-batch on all ranks (SPEC §0)
@@ -75,7 +76,7 @@ class Config:
     # --- batch sizes
     prompts_per_step: int = 16  # B: prompts per rollout batch, over all ranks
     group_size: int = 8  # G: responses sampled per prompt
-    mini_batches: int = 1  # K: optimizer steps per rollout batch, each on whole groups
+    mini_batches: int = 1  # K: optimizer steps per full rollout batch (mini-batches of B·G/K rows, whole groups)
     epochs: int = 1  # μ: passes over the rollout batch
     micro_batch_size: int = 64  # sequences per forward/backward on one rank (grad accumulation)
     # --- sampling (never inherited from the checkpoint's generation_config)
@@ -217,6 +218,10 @@ def validate(cfg: Config, world: int) -> None:
         (not algos.get(cfg.algo).whole_groups or cfg.micro_batch_size >= cfg.group_size,
          f"--algo {cfg.algo} keeps each group whole in a micro-batch: micro_batch_size="
          f"{cfg.micro_batch_size} must be ≥ group_size={cfg.group_size}"),
+        (not algos.get(cfg.algo).whole_groups or (cfg.train_on == "all" and not cfg.mask_truncated),
+         f"--algo {cfg.algo} compares every response with the rest of its group: it needs "
+         f"train_on=all and mask_truncated=false"),
+        (cfg.rover_temp > 0 and cfg.pacs_beta > 0, "rover_temp and pacs_beta must be > 0"),
         (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
         (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
         (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
@@ -401,8 +406,8 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
                       whole_groups: bool = False):
     """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
 
-    Mini-batches hold whole groups and keep their configured size of B·G/K rows, so when PSR/NSR
-    drop rows there are fewer of them. Inside one, rows (or, with whole_groups, groups) are
+    Mini-batches hold whole groups, about B·G/K rows each: a batch of n rows gets
+    ceil(n·K / (B·G)) of them, so when PSR/NSR drop rows there are fewer. Inside one, rows (or, with whole_groups, groups) are
     spread over ranks as evenly as they go, and every rank gets the same number of micro-batches
     (some possibly empty) so that DDP's collectives line up. 12 rows, 2 ranks, micro-batch 4:
     rank 0 gets rows 0-5 as [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
@@ -457,11 +462,9 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
     # case K = μ = 1 costs no extra pass.
     fixed = {}
     with torch.no_grad(), autocast():
-        for k, (_, micro) in enumerate(plan):
+        for k, (mb_rows, micro) in enumerate(plan):
             for j, rows in enumerate(micro):
-                if not rows:
-                    continue
-                _, args = tensors(rows)
+                _, args = tensors(rows or mb_rows[:1])  # an empty micro-batch runs a dummy row
                 if k > 0:
                     fixed[("old", k, j)] = scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean)
                 if ref_scorer is not None:
@@ -495,11 +498,10 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                     # DDP averages gradients over ranks; the loss is already a share of the
                     # global mini-batch, so undo the average. A dummy row adds exact zeros.
                     (out["logp"].sum() * 0.0 if dummy else loss * world).backward()
-                if not dummy:
-                    metrics["loss/total"] = loss.detach()
-                    metrics["entropy/mean"] = entropy.detach()
-                    for name, v in metrics.items():
-                        sums[name] = sums.get(name, 0.0) + float(v)
+                # every rank sums the same metric names (dummies add zeros) for the all-reduce
+                metrics.update({"loss/total": loss.detach(), "entropy/mean": entropy.detach()})
+                for name, v in metrics.items():
+                    sums[name] = sums.get(name, 0.0) + (0.0 if dummy else float(v))
             params = [p for p in lm.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             sums["grad/norm"] = sums.get("grad/norm", 0.0) + grad_norm.item() / world  # same on all ranks

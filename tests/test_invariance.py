@@ -41,7 +41,8 @@ def one_update(model_dir, cfg, rank=0, world=1):
     # a wrong gradient scale behind its sign-like normalisation).
     opt = torch.optim.SGD(lm.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = update(scorer, lm, None, opt, sched, algos.get(cfg.algo), make_episodes(), cfg,
+    ref = ResponseLogProbs(load_model(model_dir, trainable=False)) if cfg.beta > 0 else None
+    metrics = update(scorer, lm, ref, opt, sched, algos.get(cfg.algo), make_episodes(), cfg,
                      nullcontext, 0, rank, world, torch.device("cpu"))
     return {k: v.detach().clone() for k, v in lm.state_dict().items()}, metrics
 
@@ -59,8 +60,11 @@ def _worker(rank, world, init_file, model_dir, cfg, out_file):
 CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rloo", {"mini_batches": 2}),
          # PSR/NSR drop rows first; ROVER and PACS differ from policy gradient only from the 2nd
          # mini-batch on, so they run K = 2 (and W-REINFORCE, two epochs)
-         ("psr", {}), ("nsr", {}), ("w_reinforce", {"epochs": 2}), ("rover", {"mini_batches": 2}),
-         ("pacs", {"mini_batches": 2})]
+         # (and W-REINFORCE, two epochs). NSR keeps 7 rows: 4 + 3 over 2 ranks, so with micro-batch
+         # 3 rank 1 runs a dummy, which must also work with a reference model (beta > 0). PACS with
+         # K = 3 has one group per mini-batch, so rank 1 only ever runs dummies.
+         ("psr", {}), ("nsr", {"beta": 0.04}), ("w_reinforce", {"epochs": 2}),
+         ("rover", {"mini_batches": 2}), ("pacs", {"mini_batches": 3})]
 
 
 def config(algo, over, micro):

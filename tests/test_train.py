@@ -49,6 +49,10 @@ def test_config_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     assert "eval_k=[1, 8]" in run_main(["--eval-k", "1,8"])
     assert "no trainer_state.pt" in run_main(["--resume", str(tmp_path)])
+    assert "train_on='some'" in run_main(["--train-on", "some"])
+    assert "rover_adv='z'" in run_main(["--algo", "rover", "--rover-adv", "z"])
+    assert "micro_batch_size=4 must be ≥ group_size=8" in run_main(["--algo", "pacs", "--micro-batch-size", "4"])
+    assert "needs train_on=all and mask_truncated=false" in run_main(["--algo", "pacs", "--mask-truncated", "true"])
 
 
 def test_config_precedence(tmp_path):
