@@ -90,7 +90,8 @@ def test_torchrun_two_processes_smoke(tmp_path):
 @pytest.mark.parametrize("algo,key", [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"),
                                       ("psr", "pg/loss"), ("nsr", "pg/loss"), ("w_reinforce", "pg/loss")])
 def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
-    lines = torchrun(tmp_path / algo, "--algo", algo, "--eval-every", "0")
+    # 80 tokens: the shipped model's answers need ~50, so some are right and groups have a spread
+    lines = torchrun(tmp_path / algo, "--algo", algo, "--eval-every", "0", "--max-new-tokens", "80")
     assert [x["step"] for x in lines] == [1, 2]
     for x in lines:
         assert x["update/skipped"] == 0 and 0 < x["update/rows"] <= 16
