@@ -213,8 +213,8 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.train_on in TRAIN_ON, f"train_on={cfg.train_on!r}: choose one of {TRAIN_ON}"),
         (cfg.rover_adv in ROVER_ADVS, f"rover_adv={cfg.rover_adv!r}: choose one of {ROVER_ADVS}"),
         (cfg.pacs_psi in PACS_PSIS, f"pacs_psi={cfg.pacs_psi!r}: choose one of {PACS_PSIS}"),
-        (cfg.algo != "pacs" or cfg.pacs_psi != "loo" or cfg.group_size >= 2,
-         "pacs_psi=loo needs group_size ≥ 2 (it compares each response with the rest of its group)"),
+        (not algos.get(cfg.algo).whole_groups or cfg.group_size >= 2,
+         f"--algo {cfg.algo} compares each response with the rest of its group: group_size ≥ 2"),
         (not algos.get(cfg.algo).whole_groups or cfg.micro_batch_size >= cfg.group_size,
          f"--algo {cfg.algo} keeps each group whole in a micro-batch: micro_batch_size="
          f"{cfg.micro_batch_size} must be ≥ group_size={cfg.group_size}"),
@@ -407,12 +407,15 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
 
     Mini-batches hold whole groups, about B·G/K rows each: a batch of n rows gets
-    ceil(n·K / (B·G)) of them, so when PSR/NSR drop rows there are fewer. Inside one, rows (or, with whole_groups, groups) are
-    spread over ranks as evenly as they go, and every rank gets the same number of micro-batches
+    ceil(n·K / (B·G)) of them, so when PSR/NSR drop rows there are fewer. Inside one, rows (or,
+    with whole_groups, groups) are spread over ranks as evenly as they go, and every rank gets the same number of micro-batches
     (some possibly empty) so that DDP's collectives line up. 12 rows, 2 ranks, micro-batch 4:
     rank 0 gets rows 0-5 as [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
     """
-    groups = [[e for e in episodes if e.group == g] for g in dict.fromkeys(e.group for e in episodes)]
+    by_group = {}
+    for e in episodes:  # group-major, so each group's rows are one run
+        by_group.setdefault(e.group, []).append(e)
+    groups = list(by_group.values())
     full = cfg.prompts_per_step * cfg.group_size
     k = min(len(groups), math.ceil(len(episodes) * cfg.mini_batches / full))
     out = []
