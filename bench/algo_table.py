@@ -2,6 +2,7 @@
 
     python bench/algo_table.py                      # grpo rover pacs psr nsr w_reinforce, ~30 min
     python bench/algo_table.py --algos rover pacs   # a subset
+    python bench/algo_table.py --lr 3e-4            # every algorithm at one learning rate
 
 Each algorithm runs its configs/tiny_<algo>.yaml — the default run's seed, task, batch (16 prompts
 × 8), sampling and 400 steps — on 2 ranks. Only the eval differs from that run: 16 samples per
@@ -23,12 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 KS = (1, 4, 16)
 
 
-def run(algo: str, out: Path) -> tuple[dict, dict, float]:
+def run(algo: str, out: Path, lr: list[str]) -> tuple[dict, dict, float]:
     """(eval metrics at step 0, at the last step, wall seconds) of one training run."""
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
                     "--config", f"configs/tiny_{algo}.yaml", "--out", str(out), "--eval-every", "400",
-                    "--eval-samples", "16", "--eval-k", ",".join(map(str, KS))],
+                    "--eval-samples", "16", "--eval-k", ",".join(map(str, KS)), *lr],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=(out.parent / f"{algo}.log").open("w"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/pass@1" in r]
@@ -38,13 +39,14 @@ def run(algo: str, out: Path) -> tuple[dict, dict, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--algos", nargs="+", default=["grpo", "rover", "pacs", "psr", "nsr", "w_reinforce"])
+    parser.add_argument("--lr", help="override every config's learning rate")
     args = parser.parse_args()
     base = ROOT / "runs" / "algo-table"
     base.mkdir(parents=True, exist_ok=True)
     header = " | ".join(f"pass@{k} before → after" for k in KS)
     lines = [f"| algo | {header} | wall |", "|---" * (len(KS) + 2) + "|"]
     for algo in args.algos:
-        before, after, wall = run(algo, base / algo)
+        before, after, wall = run(algo, base / algo, ["--lr", args.lr] if args.lr else [])
         cells = " | ".join(f"{100 * before[f'eval/pass@{k}']:.1f} → {100 * after[f'eval/pass@{k}']:.1f}"
                            for k in KS)
         lines.append(f"| {algo} | {cells} | {wall / 60:.1f} min |")
