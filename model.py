@@ -103,9 +103,9 @@ class ResponseLogProbs(nn.Module):
                 parts.append(_chunk_stats(*args))
         names = ("logp", "entropy", "vocab_mean") if vocab_mean else ("logp", "entropy")
         out = {}
-        for name, chunks in zip(names, zip(*parts) if parts else [()] * len(names)):
+        for i, name in enumerate(names):
             full = hidden.new_zeros(n, tr, dtype=torch.float32)
-            out[name] = full.masked_scatter(valid, torch.cat(chunks)) if chunks else full
+            out[name] = full.masked_scatter(valid, torch.cat([part[i] for part in parts])) if parts else full
         return out
 
 
