@@ -36,32 +36,32 @@ def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
     return (scores > 0).to(scores.dtype)
 
 
-def group_sums(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """Per-row sum over the row's group: x [1, 2, 3], group [7, 7, 9] -> [3, 3, 3]."""
-    _, idx = torch.unique(group, return_inverse=True)
+def group_sums(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Per-row sum over the row's group; idx numbers the groups 0, 1, ...
+    x [1, 2, 3], idx [0, 0, 1] -> [3, 3, 3]."""
     return torch.zeros(int(idx.max()) + 1, dtype=x.dtype, device=x.device).index_add(0, idx, x)[idx]
 
 
-def logits(score: torch.Tensor, group: torch.Tensor, mode: str, eps: float = 1e-6) -> torch.Tensor:
+def logits(score: torch.Tensor, idx: torch.Tensor, mode: str, eps: float = 1e-6) -> torch.Tensor:
     """ψ from r̂ within each group. score [0.1, 0.2, 0.6], one group, "loo" -> [−0.3, −0.15, 0.45]."""
-    n = group_sums(torch.ones_like(score), group)
+    n = group_sums(torch.ones_like(score), idx)
     others = (n - 1).clamp(min=1)  # a group of one compares with nothing: ψ = r̂
     if mode == "loo":  # mean of the other n − 1 scores of the group
-        return score - (group_sums(score, group) - score) / others
+        return score - (group_sums(score, idx) - score) / others
     if mode == "zscore":
-        mean = group_sums(score, group) / n
-        std = (group_sums((score - mean) ** 2, group) / others).sqrt()
+        mean = group_sums(score, idx) / n
+        std = (group_sums((score - mean) ** 2, idx) / others).sqrt()
         return (score - mean) / (std + eps)
     return score
 
 
-def class_weights(labels: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+def class_weights(labels: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Balance the two labels inside each group; a one-label group keeps weight 1.
 
     labels [1, 0, 0, 0] (one group) -> [2, 2/3, 2/3, 2/3]; labels [1, 1] -> [1, 1].
     """
-    n = group_sums(torch.ones_like(labels), group)
-    n_pos = group_sums(labels, group)
+    n = group_sums(torch.ones_like(labels), idx)
+    n_pos = group_sums(labels, idx)
     same = torch.where(labels > 0, n_pos, n - n_pos)
     mixed = (n_pos > 0) & (n_pos < n)
     return torch.where(mixed, n / (2 * same), torch.ones_like(labels))
@@ -72,10 +72,11 @@ def loss(mb: dict, cfg, totals: dict):
 
     mb: logp, old_logp, mask [n, T]; adv [n] (the labels); group [n]; whole groups only.
     """
-    labels, group = mb["adv"].float(), mb["group"]
+    labels = mb["adv"].float()
+    _, idx = torch.unique(mb["group"], return_inverse=True)  # group ids -> 0, 1, ...
     score = cfg.pacs_beta * (mb["mask"] * (mb["logp"] - mb["old_logp"])).sum(1)
-    psi = logits(score, group, cfg.pacs_psi)
-    w = class_weights(labels, group)
+    psi = logits(score, idx, cfg.pacs_psi)
+    w = class_weights(labels, idx)
     n_seqs = max(totals["seqs"], 1)
     total = (w * (F.softplus(psi) - labels * psi)).sum() / n_seqs
     metrics = {"pacs/psi_abs": psi.abs().sum().detach() / n_seqs,
