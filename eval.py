@@ -9,7 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from rollout import Sampling, encode_prompts, generate
+from rollout import Chunking, Sampling, encode_prompts, generate
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -22,10 +22,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @torch.no_grad()
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: Sampling,
-             chat_template: bool, seed: int, batch_prompts: int = 64) -> dict:
+             chat_template: bool, seed: int, chunking: Chunking = Chunking(),
+             batch_prompts: int = 64) -> dict:
     """Sample n responses per problem, grade them, and return flat metrics:
     eval/accuracy (mean correctness of all samples = pass@1 estimated with n), eval/pass@k,
-    eval/length, eval/truncated. Problems are split over ranks; counts are summed over ranks."""
+    eval/length, eval/truncated. With Markovian thinking, `chunking.max_chunks` is the cap I
+    (test-time scaling: larger than in training). Problems are split over ranks; counts are
+    summed over ranks."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     torch.manual_seed(seed + rank)  # the same draws at every eval, so the curve compares like with like
@@ -34,7 +37,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
     for s in range(0, len(mine), batch_prompts):
         chunk = mine[s:s + batch_prompts]
         episodes = generate(lm, tokenizer, chunk, encode_prompts(tokenizer, chunk, chat_template),
-                            group_size=n, sampling=sampling)
+                            group_size=n, sampling=sampling, chunking=chunking)
         correct = [task.grade(e.problem, e.text) for e in episodes]
         for j in range(len(chunk)):
             c = int(sum(correct[j * n:(j + 1) * n]))

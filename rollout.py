@@ -1,12 +1,14 @@
 """Batched generation -> Episodes, and Episodes -> padded training tensors.
 
 One `generate` call per rank per step covers all of the rank's prompts × G samples, left-padded,
-with the model in eval mode and the KV cache on. Every sampling knob is passed explicitly;
+with the model in eval mode and the KV cache on; with Markovian thinking (`Chunking`, SPEC §5)
+one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
+generated from: they are the training rows. Every sampling knob is passed explicitly;
 nothing is inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig
@@ -23,17 +25,30 @@ class Sampling:
 
 
 @dataclass
-class Episode:
-    """One sampled response. response_ids run up to and including the first EOS."""
+class Chunk:
+    """One generate call of a trace: exactly what the model was fed and what it wrote."""
     prompt_ids: list[int]
     response_ids: list[int]
-    text: str
-    truncated: bool  # hit max_new_tokens without EOS
+
+
+@dataclass
+class Episode:
+    """One sampled response (a trace). response_ids run up to and including the first EOS."""
+    prompt_ids: list[int]  # the query q
+    response_ids: list[int]  # every generated token, chunk after chunk
+    text: str  # what the grader reads (Markovian: the last chunk's prompt tail ⧺ the last chunk)
+    truncated: bool  # no EOS within the budget (max_new_tokens, or the chunk cap I)
     group: int  # responses to the same prompt share a group id
     problem: Problem
     reward: float = 0.0  # the task's verdict (0/1)
     score: float = 0.0  # reward after shaping (e.g. DAPO overlong penalty); what advantages use
     advantage: float = 0.0  # set by the algorithm before the update
+    chunks: list[Chunk] = field(default_factory=list)  # one per generate call (rollout order)
+
+    def rows(self) -> list[Chunk]:
+        """What the update trains on: each chunk with its exact prompt; a hand-made episode
+        without chunks is one row, its prompt and whole response."""
+        return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
 
 @dataclass
@@ -70,41 +85,86 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     return ids.to(device), mask.to(device)
 
 
-@torch.no_grad()
-def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
-             group_size: int, sampling: Sampling, first_group: int = 0) -> list[Episode]:
-    """Sample group_size responses for each prompt in one batched generate call.
+@dataclass
+class Chunking:
+    """Markovian thinking (Delethink, SPEC §5): a trace is written in chunks of at most
+    C = Sampling.max_new_tokens tokens, and the context is reset at every chunk boundary.
+    max_chunks = 1 is a plain rollout (LongCoT)."""
+    carryover: int = 0  # m: tokens carried into the next chunk's prompt (m < C)
+    head: int = 0  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
+    max_chunks: int = 1  # I: chunks per trace at most
 
-    Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
-    consecutive and carry group id first_group + j.
-    """
-    rows = [ids for ids in prompt_ids for _ in range(group_size)]
+    def budget(self, chunk_size: int) -> int:
+        """Generated tokens a trace can reach: C + (I − 1)(C − m). C 8, m 4, I 3 -> 16."""
+        return chunk_size + (self.max_chunks - 1) * (chunk_size - self.carryover)
+
+
+@torch.no_grad()
+def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, max_new_tokens: int) -> list[list[int]]:
+    """One batched generate call over left-padded prompts -> each row's new tokens, cut after
+    the first EOS (a row without EOS has max_new_tokens of them)."""
     device = next(lm.parameters()).device
     input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device)
     greedy = sampling.temperature == 0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, use_cache=True)
     was_training = lm.training
     lm.eval()  # dropout off; HF also turns the KV cache off in train mode with checkpointing
     out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     lm.train(was_training)
-    responses = out[:, input_ids.shape[1]:].tolist()
-    episodes = []
-    for i, resp in enumerate(responses):
+    new = []
+    for resp in out[:, input_ids.shape[1]:].tolist():
         eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
-        resp = resp[:eos + 1] if eos is not None else resp[:sampling.max_new_tokens]
+        new.append(resp[:eos + 1] if eos is not None else resp[:max_new_tokens])
+    return new
+
+
+def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
+             group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
+             first_group: int = 0) -> list[Episode]:
+    """Sample group_size responses for each prompt, batched over all of them.
+
+    Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
+    consecutive and carry group id first_group + j.
+
+    Markovian (SPEC §5): chunk 1 is q -> up to C tokens. A trace whose chunk ends without EOS
+    goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the trace's
+    last m − h tokens (token ids, no re-tokenisation), and it writes up to C − m more,
+    so no context exceeds |q| + C. One generate call per chunk round, over the traces still going.
+    """
+    eos, c = tokenizer.eos_token_id, sampling.max_new_tokens
+    h, tail = chunking.head, chunking.carryover - chunking.head
+    queries = [ids for ids in prompt_ids for _ in range(group_size)]
+    chunks = [[] for _ in queries]
+    written = [[] for _ in queries]  # each trace's generated tokens so far
+    going = list(range(len(queries)))
+    for k in range(chunking.max_chunks):
+        if not going:
+            break
+        # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
+        prompts = [queries[i] + written[i][:h] + written[i][len(written[i]) - tail:] if k else queries[i]
+                   for i in going]
+        new_tokens = sample(lm, tokenizer, prompts, sampling, c if k == 0 else c - chunking.carryover)
+        for i, prompt, new in zip(going, prompts, new_tokens):
+            chunks[i].append(Chunk(prompt, new))
+            written[i] += new
+        going = [i for i in going if written[i][-1:] != [eos]]
+    episodes = []
+    for i, q in enumerate(queries):
+        last = chunks[i][-1]
         episodes.append(Episode(
-            prompt_ids=rows[i], response_ids=resp, truncated=eos is None,
-            text=tokenizer.decode(resp, skip_special_tokens=True),
+            prompt_ids=q, response_ids=written[i],
+            truncated=last.response_ids[-1:] != [eos], chunks=chunks[i],
+            text=tokenizer.decode(last.prompt_ids[len(q):] + last.response_ids, skip_special_tokens=True),
             group=first_group + i // group_size, problem=problems[i // group_size]))
     return episodes
 
 
-def collate(episodes: list[Episode], pad_id: int, device) -> Batch:
-    """Episodes -> Batch. Prompts [[5, 6], [7]] with responses [[8, 2], [9]] ->
+def collate(episodes: list[Episode] | list[Chunk], pad_id: int, device) -> Batch:
+    """Episodes (or chunks: anything with prompt_ids and response_ids) -> Batch. Prompts [[5, 6], [7]] with responses [[8, 2], [9]] ->
     input_ids [[5, 6, 8, 2], [pad, 7, 9, pad]], response_mask [[1, 1], [1, 0]]."""
     prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, "cpu")
     tr = max(max(len(e.response_ids) for e in episodes), 1)

@@ -4,16 +4,18 @@
     python train.py --algo dapo --model PATH --data train.jsonl --eval-data test.jsonl
 
 Each step:
-  1. rollout   every rank samples G responses for its share of B prompts (one generate call);
-               the task grades them; episodes are gathered so that every rank holds the global
-               batch (global counts and batch std then need no further collective)
+  1. rollout   every rank samples G responses for its share of B prompts (one generate call,
+               or with Markovian thinking one per chunk round); the task grades them; episodes
+               are gathered so that every rank holds the global batch (global counts and batch
+               std then need no further collective)
   2. filter    optional DAPO dynamic sampling: drop groups whose rewards are all equal and
                sample more prompts until B groups are kept or the round cap is hit
   3. advantage per response, from its whole group (algos/); PSR/NSR then drop the responses
                they do not train on (train_on), and a step that keeps none skips its update
   4. update    K mini-batches of whole groups × μ epochs, one optimizer step per mini-batch; each
-               rank takes its share of the mini-batch in micro-batches; every loss is divided by
-               counts of the whole mini-batch on all ranks (SPEC §0)
+               rank takes its share of the mini-batch in micro-batches of rows (a row is a
+               response, or one chunk of a Markovian trace); every loss is divided by counts of
+               the whole mini-batch on all ranks (SPEC §0)
   5. log, eval, checkpoint
 
 Config precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
@@ -51,7 +53,7 @@ from eval import evaluate
 from model import (ResponseLogProbs, count_parameters, load_model, load_tokenizer,
                    load_trainer_state, save_checkpoint)
 from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_jsonl, make_task, overlong_penalty
-from rollout import Episode, Sampling, collate, encode_prompts, generate
+from rollout import Chunking, Episode, Sampling, collate, encode_prompts, generate
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
 
@@ -83,7 +85,7 @@ class Config:
     temperature: float = 1.0  # rollout temperature τ; log-probs use z/τ too
     top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = off
-    max_new_tokens: int = 80  # response budget; responses without EOS by then are truncated
+    max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
@@ -108,6 +110,11 @@ class Config:
     # --- PACS (algos/pacs.py)
     pacs_beta: float = 1.0  # β: score r̂ = β · Σ_t (logp − logp_old) over the response
     pacs_psi: str = "loo"  # r̂ -> logit ψ within the group: loo (leave-one-out) | zscore | none
+    # --- Markovian thinking (Delethink, SPEC §5; rollout.py), with any algorithm but PACS
+    max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain
+    carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
+    chunk_head: int = 100  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
+    eval_max_chunks: int = 0  # I at eval; more than max_chunks = test-time scaling; 0 = max_chunks
     # --- batch shaping (DAPO)
     mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
     overlong_penalty: bool = False  # soft length penalty added to the reward
@@ -222,13 +229,20 @@ def validate(cfg: Config, world: int) -> None:
          f"--algo {cfg.algo} compares every response with the rest of its group: it needs "
          f"train_on=all and mask_truncated=false"),
         (cfg.rover_temp > 0 and cfg.pacs_beta > 0, "rover_temp and pacs_beta must be > 0"),
+        (cfg.max_chunks >= 1 and cfg.eval_max_chunks >= 0, "max_chunks must be ≥ 1, eval_max_chunks ≥ 0"),
+        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= cfg.chunk_head <= chunking(cfg).carryover
+         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({cfg.chunk_head}) ≤ carryover "
+         f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
+        (not algos.get(cfg.algo).whole_groups or cfg.max_chunks == 1,
+         f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 a "
+         f"response is split over several rows, which it does not support: set max_chunks 1"),
         (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
         (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
         (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
          f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
         (cfg.precision in ("auto", "fp32", "bf16"), "precision must be auto, fp32 or bf16"),
-        (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= cfg.max_new_tokens,
-         "overlong_cache must be in (0, max_new_tokens]"),
+        (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= budget(cfg),
+         f"overlong_cache must be in (0, {budget(cfg)}] (the response budget)"),
         (cfg.data in BUILTIN_TASKS or cfg.eval_data or cfg.eval_every == 0,
          f"--data {cfg.data} is a file: give --eval-data FILE for held-out eval, "
          f"or --eval-every 0"),
@@ -236,6 +250,18 @@ def validate(cfg: Config, world: int) -> None:
     for ok, message in checks:
         if not ok:
             raise DataError(message)
+
+
+def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
+    """The Markovian-thinking knobs as rollout.py takes them (max_chunks 1: a plain rollout)."""
+    chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
+    return Chunking(carryover=cfg.carryover or cfg.max_new_tokens // 2, head=cfg.chunk_head,
+                    max_chunks=chunks)
+
+
+def budget(cfg: Config) -> int:
+    """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
+    return chunking(cfg).budget(cfg.max_new_tokens)
 
 
 def load_problems(cfg: Config):
@@ -318,10 +344,11 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         problems = stream.get(data_pos + rank * b_local, b_local)
         first_group = data_pos + rank * b_local  # group ids unique over the run
         episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
-                            group_size=cfg.group_size, sampling=sampling, first_group=first_group)
+                            group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
+                            first_group=first_group)
         for e in episodes:
             e.reward = task.grade(e.problem, e.text)
-            e.score = e.reward + (overlong_penalty(len(e.response_ids), cfg.max_new_tokens,
+            e.score = e.reward + (overlong_penalty(len(e.response_ids), budget(cfg),
                                                    cfg.overlong_cache) if cfg.overlong_penalty else 0.0)
         episodes = [e for part in gather_objects(episodes, world) for e in part]
         data_pos += cfg.prompts_per_step
@@ -337,6 +364,8 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         rounds += 1
     kept = kept[:cfg.prompts_per_step]
     stats = rollout_stats(generated, cfg.group_size)
+    if cfg.max_chunks > 1:
+        stats["length/chunks"] = float(np.mean([len(e.chunks) for e in generated]))
     if cfg.dynamic_sampling:
         stats.update({"dynamic/extra_rounds": rounds, "dynamic/dropped_groups": dropped,
                       "dynamic/kept_groups": len(kept)})
@@ -406,11 +435,13 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
                       whole_groups: bool = False):
     """Group-major episodes -> per mini-batch: (all its episodes, this rank's micro-batches).
 
-    Mini-batches hold whole groups, about B·G/K rows each: a batch of n rows gets
-    ceil(n·K / (B·G)) of them, so when PSR/NSR drop rows there are fewer. Inside one, rows (or,
-    with whole_groups, groups) are spread over ranks as evenly as they go, and every rank gets the same number of micro-batches
-    (some possibly empty) so that DDP's collectives line up. 12 rows, 2 ranks, micro-batch 4:
-    rank 0 gets rows 0-5 as [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
+    Mini-batches hold whole groups, about B·G/K episodes each: a batch of n episodes gets
+    ceil(n·K / (B·G)) of them, so when PSR/NSR drop some there are fewer. A training row is an
+    (episode, chunk) pair: one per episode, or one per chunk of a Markovian trace. Inside a
+    mini-batch, rows (or, with whole_groups, groups) are spread over ranks as evenly as they go,
+    and every rank gets the same number of micro-batches (some possibly empty) so that DDP's
+    collectives line up. 12 one-chunk episodes, 2 ranks, micro-batch 4: rank 0 gets rows 0-5 as
+    [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
     """
     by_group = {}
     for e in episodes:  # group-major, so each group's rows are one run
@@ -421,7 +452,8 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     out = []
     for part in balanced_split([len(g) for g in groups], k, nonempty=True):
         mb_groups = [groups[i] for i in part]
-        units = mb_groups if whole_groups else [[e] for g in mb_groups for e in g]
+        rows = [[(e, c) for e in g for c in e.rows()] for g in mb_groups]
+        units = rows if whole_groups else [[row] for g in rows for row in g]
         per_rank = [pack([units[i] for i in r], cfg.micro_batch_size)
                     for r in balanced_split([len(u) for u in units], world)]
         n_micro = max(1, max(len(m) for m in per_rank))
@@ -430,16 +462,16 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     return out
 
 
-def response_mask(batch, episodes: list[Episode], cfg: Config) -> torch.Tensor:
-    mask = batch.response_mask
-    keep = torch.tensor([trained(e, cfg) for e in episodes], dtype=mask.dtype, device=mask.device)
-    return mask * keep[:, None]
+def trained_tokens(e: Episode, cfg: Config) -> int:
+    """Tokens of the response (all chunks of a trace) that the loss sees."""
+    return len(e.response_ids) if trained(e, cfg) else 0
 
 
 def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
-    """Global normalisers of a mini-batch (SPEC §0): valid tokens and sequences with any."""
-    lengths = [len(e.response_ids) if trained(e, cfg) else 0 for e in episodes]
-    return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0)}
+    """Global normalisers of a mini-batch (SPEC §0): valid tokens, responses (traces) with any,
+    and the response budget L of Dr. GRPO's constant normaliser."""
+    lengths = [trained_tokens(e, cfg) for e in episodes]
+    return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0), "max_len": budget(cfg)}
 
 
 def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Config, autocast,
@@ -456,9 +488,12 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
     want = dict(vocab_mean=algo.vocab_mean, entropy_grad=cfg.entropy_coef > 0)
 
     def tensors(rows):
-        batch = collate(rows, pad_id, device)
+        batch = collate([c for _, c in rows], pad_id, device)
         args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
         return batch, args
+
+    def first_row(mb_rows):  # what a rank with an empty micro-batch runs, with weight 0
+        return [(mb_rows[0], mb_rows[0].rows()[0])]
 
     # π_old and π_ref quantities are fixed before the first optimizer step. The first
     # mini-batch's π_old is its own first forward, detached (same weights), so the on-policy
@@ -467,7 +502,7 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
     with torch.no_grad(), autocast():
         for k, (mb_rows, micro) in enumerate(plan):
             for j, rows in enumerate(micro):
-                _, args = tensors(rows or mb_rows[:1])  # an empty micro-batch runs a dummy row
+                _, args = tensors(rows or first_row(mb_rows))  # an empty micro-batch runs a dummy
                 if k > 0:
                     fixed[("old", k, j)] = scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean)
                 if ref_scorer is not None:
@@ -481,17 +516,21 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                 # A rank with nothing left in this mini-batch still runs a forward/backward
                 # (on a row with weight 0) so that DDP's gradient all-reduce happens everywhere.
                 dummy = not rows
-                rows = rows or mb_rows[:1]
+                rows = rows or first_row(mb_rows)
                 batch, args = tensors(rows)
+                traces = [e for e, _ in rows]
                 sync = j == len(micro) - 1 or world == 1
                 with (nullcontext() if sync else scorer.no_sync()), autocast():
                     out = scorer(*args, cfg.temperature, **want)
                     old = fixed.setdefault(("old", k, j), {n: v.detach() for n, v in out.items()})
-                    mask = response_mask(batch, rows, cfg)
+                    keep = torch.tensor([trained(e, cfg) for e in traces], device=device)
+                    mask = batch.response_mask * keep[:, None]
+                    # seq_tokens: a row's whole response, which for a chunk is its trace (SPEC §5)
                     mb = {"logp": out["logp"], "old_logp": old["logp"], "mask": mask,
                           "ref_logp": fixed.get(("ref", k, j)), "entropy": out["entropy"],
-                          "adv": torch.tensor([e.advantage for e in rows], device=device),
-                          "group": torch.tensor([e.group for e in rows], device=device)}
+                          "adv": torch.tensor([e.advantage for e in traces], device=device),
+                          "group": torch.tensor([e.group for e in traces], device=device),
+                          "seq_tokens": torch.tensor([trained_tokens(e, cfg) for e in traces], device=device)}
                     if algo.vocab_mean:
                         mb.update(vocab_mean=out["vocab_mean"], old_vocab_mean=old["vocab_mean"])
                     loss, metrics = algo.loss(mb, cfg, totals)
@@ -514,7 +553,8 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
             n_opt += 1
     out = {k: v / n_opt for k, v in all_reduce_sum(sums, device).items()}
     out.update({"update/skipped": 0.0, "update/rows": len(episodes), "update/optimizer_steps": n_opt,
-                "tokens/trained": cfg.epochs * sum(len(e.prompt_ids) + len(e.response_ids) for e in episodes)})
+                "tokens/trained": cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids)
+                                                   for e in episodes for c in e.rows())})
     return out
 
 
@@ -614,7 +654,8 @@ def main(argv=None) -> None:
     def run_eval():
         with autocast():
             return evaluate(lm, tokenizer, task, heldout, n=cfg.eval_samples, ks=cfg.eval_k,
-                            sampling=sampling_eval, chat_template=cfg.chat_template, seed=cfg.seed + 7919)
+                            sampling=sampling_eval, chunking=chunking(cfg, evaluation=True),
+                            chat_template=cfg.chat_template, seed=cfg.seed + 7919)
 
     def checkpoint():
         if rank == 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from algos import grpo, nsr, pacs, rover
+from algos import delethink, grpo, nsr, pacs, rover
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ ALGORITHMS = {
     **{name: Algorithm(name, preset, nsr.advantages, grpo.loss) for name, preset in nsr.PRESETS.items()},
     "rover": Algorithm("rover", rover.PRESET, rover.advantages, rover.loss, vocab_mean=True),
     "pacs": Algorithm("pacs", pacs.PRESET, pacs.advantages, pacs.loss, whole_groups=True),
+    # Markovian thinking is the rollout (rollout.Chunking); its loss is GRPO's with trace-level
+    # aggregation, which train.update provides for every algorithm (see algos/delethink.py)
+    "delethink": Algorithm("delethink", delethink.PRESET, grpo.batch_advantages, grpo.loss),
 }
 
 

@@ -56,9 +56,11 @@ def advantages(scores: torch.Tensor, *, adv_norm: str, std_estimator: str = "unb
 
 
 def token_weights(mask: torch.Tensor, *, loss_agg: str, n_seqs: int, n_tokens: int,
-                  max_len: int) -> torch.Tensor:
+                  max_len: int, seq_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Weights w [N, T] with loss = Σ w·ℓ; n_seqs and n_tokens count the whole mini-batch on all
-    ranks (SPEC §0), so micro-batches and ranks just add their Σ w·ℓ.
+    ranks (SPEC §0), so micro-batches and ranks just add their Σ w·ℓ. seq_tokens [N]: the tokens
+    of each row's whole response, when a row is only part of one (a chunk of a Markovian trace,
+    SPEC §5: then a trace's tokens are averaged over all its chunks); default mask.sum(1).
 
     mask [[1, 1, 0], [1, 1, 1]], n_seqs 2, n_tokens 5:
       "token-mean"          -> every valid token 1/5
@@ -68,7 +70,8 @@ def token_weights(mask: torch.Tensor, *, loss_agg: str, n_seqs: int, n_tokens: i
     if loss_agg == "token-mean":
         return mask / max(n_tokens, 1)
     if loss_agg == "seq-mean-token-mean":
-        return mask / mask.sum(1, keepdim=True).clamp(min=1) / max(n_seqs, 1)
+        lengths = mask.sum(1) if seq_tokens is None else seq_tokens.to(mask.dtype)
+        return mask / lengths[:, None].clamp(min=1) / max(n_seqs, 1)
     if loss_agg == "seq-mean-token-sum-norm":  # Dr. GRPO: a constant length, not each row's
         return mask / (max(n_seqs, 1) * max_len)
     raise ValueError(f"loss_agg={loss_agg!r}: choose one of {', '.join(LOSS_AGGS)}")
@@ -100,14 +103,15 @@ def k3_kl(logp, ref_logp):
 def loss(mb: dict, cfg, totals: dict):
     """Loss of one micro-batch, already divided by the mini-batch's global counts.
 
-    mb: logp, old_logp, mask [n, T]; adv [n]; ref_logp [n, T] when cfg.beta > 0.
-    totals: "seqs", "tokens" of the whole mini-batch over all ranks.
+    mb: logp, old_logp, mask [n, T]; adv [n]; ref_logp [n, T] when cfg.beta > 0; optional
+    seq_tokens [n] (see token_weights).
+    totals: "seqs", "tokens" of the whole mini-batch over all ranks; "max_len" the response budget.
     Returns (loss, metrics); each metric is likewise a share of its mini-batch value, so the
     trainer sums metrics over micro-batches and ranks.
     """
     mask = mb["mask"]
-    w = token_weights(mask, loss_agg=cfg.loss_agg, n_seqs=totals["seqs"],
-                      n_tokens=totals["tokens"], max_len=cfg.max_new_tokens)
+    w = token_weights(mask, loss_agg=cfg.loss_agg, n_seqs=totals["seqs"], n_tokens=totals["tokens"],
+                      max_len=totals["max_len"], seq_tokens=mb.get("seq_tokens"))
     per_token, was_clipped = clipped_surrogate(mb["logp"], mb["old_logp"], mb["adv"],
                                                clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                                dual_clip=cfg.dual_clip)

@@ -3,6 +3,8 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
 (sampled at temperature 1, the RL rollout setting) reaches `--target`, so that RL has room to show.
 
     python assets/build_tiny_model.py            # rewrites assets/tiny-running-sum/
+    python assets/build_tiny_model.py --out assets/tiny-running-sum-long --min-terms 2 \
+        --max-terms 14 --max-new-tokens 192   # the Markovian-thinking model (configs/tiny_delethink.yaml)
 
 Deterministic: every random choice is seeded, and the run uses one CPU thread.
 """
@@ -51,9 +53,9 @@ def build_model(vocab_size: int, seed: int, hidden: int = 96, layers: int = 3) -
     return LlamaForCausalLM(config)
 
 
-def heldout_accuracy(lm, tok, task, problems, prompt_ids) -> float:
+def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int) -> float:
     eps = generate(lm, tok, problems, prompt_ids, group_size=1,
-                   sampling=Sampling(temperature=1.0, max_new_tokens=80))
+                   sampling=Sampling(temperature=1.0, max_new_tokens=max_new_tokens))
     return sum(task.grade(e.problem, e.text) for e in eps) / len(eps)
 
 
@@ -66,14 +68,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--init", default="", help="start from this model folder (same tokenizer)")
+    ap.add_argument("--min-terms", type=int, default=3, help="fewest integers in a sum")
+    ap.add_argument("--max-terms", type=int, default=5, help="most integers in a sum")
+    ap.add_argument("--max-new-tokens", type=int, default=80, help="response budget at the checks")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     tmp = Path(args.out).with_suffix(".tmp")
     build_tokenizer().save_pretrained(tmp)
     tok = load_tokenizer(str(tmp))
-    lm = build_model(len(tok), args.seed, args.hidden, args.layers)
-    task = RunningSumTask()
+    lm = (LlamaForCausalLM.from_pretrained(args.init) if args.init
+          else build_model(len(tok), args.seed, args.hidden, args.layers))
+    task = RunningSumTask(args.min_terms, args.max_terms)
     rng = random.Random(args.seed)
     # The SFT problems come from their own stream, so they overlap RL's train split only by chance
     # and never its held-out split (seeded differently, and RL's held-out is what we report).
@@ -100,7 +107,7 @@ def main() -> None:
         opt.step()
         if step % args.eval_every == 0:
             torch.manual_seed(args.seed + step)
-            acc = heldout_accuracy(lm, tok, task, eval_problems, eval_ids)
+            acc = heldout_accuracy(lm, tok, task, eval_problems, eval_ids, args.max_new_tokens)
             print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}", flush=True)
             if acc >= args.target:
                 break

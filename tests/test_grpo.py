@@ -24,7 +24,7 @@ def spec_loss(name, **over):
     logp = torch.tensor(LOGP, requires_grad=True)
     mb = {"logp": logp, "old_logp": torch.tensor(OLD), "mask": torch.ones(4, 3), "adv": adv,
           "ref_logp": None}
-    loss, metrics = algo.loss(mb, cfg, {"seqs": 4, "tokens": 12})
+    loss, metrics = algo.loss(mb, cfg, {"seqs": 4, "tokens": 12, "max_len": cfg.max_new_tokens})
     return loss, metrics, logp
 
 
@@ -107,7 +107,7 @@ def test_kl_term_only_with_beta():
     adv = ALGORITHMS["grpo"].advantages(torch.tensor([R]), cfg).flatten().float()
     logp = torch.tensor(LOGP)
     mb = {"logp": logp, "old_logp": torch.tensor(OLD), "mask": torch.ones(4, 3), "adv": adv, "ref_logp": ref}
-    loss, m = ALGORITHMS["grpo"].loss(mb, cfg, {"seqs": 4, "tokens": 12})
+    loss, m = ALGORITHMS["grpo"].loss(mb, cfg, {"seqs": 4, "tokens": 12, "max_len": cfg.max_new_tokens})
     d = ref - logp
     k3 = (torch.exp(d) - d - 1).mean()
     assert "kl/k3" not in m0 and m["kl/k3"].item() == pytest.approx(k3.item(), abs=1e-7)
