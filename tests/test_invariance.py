@@ -11,21 +11,26 @@ import torch.multiprocessing as mp
 import algos
 from model import ResponseLogProbs, load_model
 from rewards import Problem
-from rollout import Episode
+from rollout import Chunk, Episode
 from train import Config, update
 
 
-def make_episodes(seed=0, groups=3, g=4):
-    """3 groups of 4 with ragged prompts/responses, one truncated response, mixed rewards."""
+def make_episodes(seed=0, groups=3, g=4, chunked=False):
+    """3 groups of 4 with ragged prompts/responses, one truncated response, mixed rewards.
+    chunked: Markovian traces, written in chunks of 3 then 2 tokens (C = 3, m = 1, h = 0)."""
     rng = random.Random(seed)
     eps = []
     for gi in range(groups):
         for i in range(g):
             n = rng.randint(1, 7)
-            eps.append(Episode(prompt_ids=[rng.randint(4, 90) for _ in range(rng.randint(3, 6))],
-                               response_ids=[rng.randint(4, 90) for _ in range(n - 1)] + [1],
-                               text="", truncated=(gi, i) == (1, 2), group=gi,
-                               problem=Problem("p", "0"), reward=float(rng.random() < 0.5)))
+            q = [rng.randint(4, 90) for _ in range(rng.randint(3, 6))]
+            resp = [rng.randint(4, 90) for _ in range(n - 1)] + [1]
+            cuts = [0, 3, 5, 7] if chunked else [0, 7]
+            chunks = [Chunk(q + resp[lo - 1:lo] if lo else q, resp[lo:hi])
+                      for lo, hi in zip(cuts, cuts[1:]) if resp[lo:hi]]
+            eps.append(Episode(prompt_ids=q, response_ids=resp, text="", truncated=(gi, i) == (1, 2),
+                               group=gi, problem=Problem("p", "0"), reward=float(rng.random() < 0.5),
+                               chunks=chunks))
     for e in eps:
         e.score = e.reward
     return eps
@@ -42,7 +47,8 @@ def one_update(model_dir, cfg, rank=0, world=1):
     opt = torch.optim.SGD(lm.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     ref = ResponseLogProbs(load_model(model_dir, trainable=False)) if cfg.beta > 0 else None
-    metrics = update(scorer, lm, ref, opt, sched, algos.get(cfg.algo), make_episodes(), cfg,
+    episodes = make_episodes(chunked=cfg.max_chunks > 1)
+    metrics = update(scorer, lm, ref, opt, sched, algos.get(cfg.algo), episodes, cfg,
                      nullcontext, 0, rank, world, torch.device("cpu"))
     return {k: v.detach().clone() for k, v in lm.state_dict().items()}, metrics
 
@@ -65,7 +71,10 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          # K = 3 has one group per mini-batch, so rank 1 only ever runs dummies; β = 0.2 keeps its
          # unclipped lr-1 steps small (at β = 1 weights move by ~70 and rounding grows past 1e-5).
          ("psr", {}), ("nsr", {"beta": 0.04}), ("w_reinforce", {"epochs": 2}),
-         ("rover", {"mini_batches": 2}), ("pacs", {"mini_batches": 3, "pacs_beta": 0.2})]
+         ("rover", {"mini_batches": 2}), ("pacs", {"mini_batches": 3, "pacs_beta": 0.2}),
+         # Markovian traces: up to 3 chunk rows each, split anywhere over micro-batches and
+         # ranks, normalised per trace (and ROVER on the same chunked traces)
+         ("delethink", {}), ("rover", {"mini_batches": 2, "max_chunks": 3})]
 
 
 def config(algo, over, micro):

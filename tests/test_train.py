@@ -53,6 +53,10 @@ def test_config_errors(tmp_path, monkeypatch):
     assert "rover_adv='z'" in run_main(["--algo", "rover", "--rover-adv", "z"])
     assert "micro_batch_size=4 must be ≥ group_size=8" in run_main(["--algo", "pacs", "--micro-batch-size", "4"])
     assert "needs train_on=all and mask_truncated=false" in run_main(["--algo", "pacs", "--mask-truncated", "true"])
+    assert "0 ≤ chunk_head (100) ≤ carryover (40) < max_new_tokens" in run_main(["--algo", "delethink"])
+    assert "carryover (24) < max_new_tokens (the chunk size, 24)" in run_main(
+        ["--max-chunks", "2", "--carryover", "24", "--max-new-tokens", "24", "--chunk-head", "0"])
+    assert "with max_chunks > 1 a response is split" in run_main(["--algo", "pacs", "--max-chunks", "2", "--chunk-head", "0"])
 
 
 def test_config_precedence(tmp_path):
@@ -98,6 +102,22 @@ def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
         assert math.isfinite(x[key]) and math.isfinite(x["loss/total"]) and x["grad/norm"] > 0
     k = train.parse_config(["--algo", algo]).mini_batches
     assert lines[0]["update/optimizer_steps"] == k  # rover, pacs: K = 4 mini-batches of one group
+
+
+@pytest.mark.parametrize("algo", ["delethink", "rover"])
+def test_torchrun_markovian_thinking(algo, tmp_path):
+    """Chunks of C = 32 (the shipped model's answers need ~50 tokens), m = 16, h = 4: traces
+    run over several chunks; every chunk is a training row; eval may use more chunks."""
+    lines = torchrun(tmp_path / algo, "--algo", algo, "--max-new-tokens", "32", "--max-chunks", "4",
+                     "--carryover", "16", "--chunk-head", "4", "--eval-every", "2", "--eval-max-chunks", "6")
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    for x in lines[1:]:
+        assert 1 < x["length/chunks"] <= 4 and x["length/max"] <= 32 + 3 * 16
+        assert x["update/skipped"] == 0 and math.isfinite(x["loss/total"])
+        assert x["grad/norm"] > 0 or x["reward/zero_std_groups"] == 1  # no spread, no signal
+        # each chunk row is trained behind its own prompt: more than one prompt per trace
+        assert x["tokens/trained"] > x["tokens/generated"] + x["update/rows"] * 20
+    assert lines[2]["eval/length"] <= 32 + 5 * 16 and "eval/pass@2" in lines[2]
 
 
 def test_a_step_that_keeps_no_row_is_skipped_on_every_rank(random_model_dir, tmp_path):

@@ -1,0 +1,219 @@
+"""Benchmark of Markovian chunked thinking (Delethink) vs plain long chain-of-thought (LongCoT):
+peak memory and time per generated token at the same thinking length n = 2C, 4C, 8C.
+
+    python bench/delethink_cost.py            # ~3 minutes on 2 CPU cores (tiny random Qwen2, fp32)
+    python bench/delethink_cost.py --device cuda --dtype bf16 --preset qwen2.5-0.5b --chunk 512 --batch 64
+
+C is the chunk size (--chunk). Every trace writes exactly n tokens (the stub tokenizer's EOS is an
+id the model cannot emit). LongCoT is one generate call of n tokens, so its KV cache grows to
+|q| + n. Delethink (rollout.generate with Chunking) uses carryover m = C/2, head h = 0 and
+I = 1 + 2(n − C)/C chunks, so its budget C + (I − 1)(C − m) is exactly n and no context exceeds
+|q| + C. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
+
+Each (mode, n) runs in a fresh process after a few-token warm-up. Peak memory is the growth over
+the measured generate calls of max RSS on CPU (Linux: ru_maxrss, its watermark first reset to the
+current RSS through /proc/self/clear_refs; glibc's mmap threshold fixed at 64 KiB so that freed
+tensors leave RSS) and of torch.cuda.max_memory_allocated on CUDA. Time per token is the best of
+--repeats calls divided by n; children use one CPU thread unless --threads says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+QUERY_LEN = 32
+MULTIPLES = (2, 4, 8)  # n = 2C, 4C, 8C
+FLAT = {"memory": 1.10, "time": 1.20}  # Delethink's largest-n / smallest-n ratios at most
+
+
+def model_config(*, preset: str, max_len: int):
+    from transformers import Qwen2Config
+    if preset == "tiny":
+        # 4 KV heads of 64 (no GQA): 8 KiB of fp32 cache per token over 4 layers against ~14 MiB of
+        # weights, so at the default batch 16 and C 128 LongCoT's cache at 8C (16 × 1056 tokens,
+        # ~130 MiB) dominates the RSS peak, while one decode step stays a few ms on one core.
+        return Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max_len,
+                           tie_word_embeddings=True)
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=max_len,
+                       tie_word_embeddings=True, rope_theta=1e6)
+
+
+class StubTokenizer:
+    """What rollout.generate needs. EOS lies past the vocabulary, so no trace ever stops early."""
+
+    def __init__(self, vocab_size: int):
+        self.eos_token_id = vocab_size + 7
+        self.pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def chunking_for(*, mode: str, n: int, c: int):
+    from rollout import Chunking
+    if mode == "longcot":
+        return Chunking(), n
+    chunking = Chunking(carryover=c // 2, head=0, max_chunks=1 + 2 * (n - c) // c)
+    assert chunking.budget(c) == n
+    return chunking, c
+
+
+def build(args):
+    import torch
+    from transformers import Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = model_config(preset=args.preset, max_len=QUERY_LEN + max(MULTIPLES) * args.chunk + 64)
+    with torch.device(args.device):
+        lm = Qwen2ForCausalLM(cfg)
+    lm.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]).eval()
+    return lm, StubTokenizer(cfg.vocab_size)
+
+
+def run_once(*, lm, tok, mode: str, n: int, c: int, batch: int):
+    from rewards import Problem
+    from rollout import Sampling, generate
+    chunking, max_new = chunking_for(mode=mode, n=n, c=c)
+    query = [list(range(1, QUERY_LEN + 1))]
+    episodes = generate(lm, tok, [Problem("q", "a")], query, group_size=batch,
+                        sampling=Sampling(max_new_tokens=max_new), chunking=chunking)
+    bad = [len(e.response_ids) for e in episodes if len(e.response_ids) != n]
+    if bad or any(len(e.chunks) != chunking.max_chunks for e in episodes):
+        raise RuntimeError(f"{mode} n={n}: traces of {bad} tokens, expected {n} in {chunking.max_chunks} chunks")
+
+
+class Peak:
+    """Extra memory at the peak since construction, in bytes."""
+
+    def __init__(self, device: str):
+        import resource
+        import torch
+        self.device, self.torch, self.resource = device, torch, resource
+        if device == "cuda":
+            torch.cuda.synchronize()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        elif reset_rss_peak():
+            self.base = current_rss()
+        else:  # the watermark left by start-up and warm-up hides part of the growth
+            self.base = self.rss()
+
+    def rss(self) -> int:
+        return self.resource.getrusage(self.resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def extra(self) -> int:
+        if self.device == "cuda":
+            return self.torch.cuda.max_memory_allocated() - self.base
+        return self.rss() - self.base
+
+
+def reset_rss_peak() -> bool:
+    """Lower the kernel's max-RSS watermark (what ru_maxrss reports) to the current RSS, so the
+    warm-up's transient peak does not mask the measured call's first MiBs (Linux ≥ 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def current_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def child(args) -> None:
+    import torch
+    # One thread by default: with 2 cores and a neighbour process, 2 OpenMP threads spin on each
+    # other and a step gets ~10x slower and erratic; pass --threads 2 on an idle machine.
+    torch.set_num_threads(args.threads)
+    lm, tok = build(args)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    # Warm-up through both code paths (one chunk, then a carried-over chunk) on 4-token chunks.
+    run_once(lm=lm, tok=tok, mode="delethink", n=8, c=4, batch=args.batch)
+    peak, times = Peak(args.device), []
+    for _ in range(args.repeats):
+        sync()
+        t0 = time.perf_counter()
+        run_once(lm=lm, tok=tok, mode=args.mode, n=args.n, c=args.chunk, batch=args.batch)
+        sync()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"mode": args.mode, "n": args.n, "peak": peak.extra(), "wall": min(times)}))
+
+
+def measure(args, *, mode: str, n: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--n", str(n)]
+    for key in ("chunk", "batch", "device", "dtype", "preset", "repeats", "threads"):
+        cmd += [f"--{key}", str(getattr(args, key))]
+    # glibc's dynamic mmap threshold would keep freed KV tensors in a fragmenting brk heap, so max
+    # RSS would drift with the allocation history (repeats, one generate call per chunk) instead
+    # of following the live peak; a fixed threshold maps every block ≥ 64 KiB and unmaps it on free.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict], *, c: int, batch: int) -> None:
+    print("| mode | n (tokens) | chunks I | max context | peak memory MiB | ms per token (per trace) "
+          "| µs per token (batch) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        chunking, max_new = chunking_for(mode=r["mode"], n=r["n"], c=c)
+        print(f"| {r['mode']} | {r['n']} ({r['n'] // c}C) | {chunking.max_chunks} | {QUERY_LEN + max_new} "
+              f"| {r['peak'] / 2**20:.1f} | {1e3 * r['wall'] / r['n']:.2f} "
+              f"| {1e6 * r['wall'] / (r['n'] * batch):.0f} |")
+
+
+def summary(rows: list[dict]) -> None:
+    ratios = {}
+    for mode in ("delethink", "longcot"):
+        mine = [r for r in rows if r["mode"] == mode]
+        first, last = mine[0], mine[-1]
+        ratios[mode] = {"memory": last["peak"] / first["peak"],
+                        "time": (last["wall"] / last["n"]) / (first["wall"] / first["n"])}
+    lo, hi = min(MULTIPLES), max(MULTIPLES)
+    d, lc = ratios["delethink"], ratios["longcot"]
+    print(f"\nDelethink: memory x{d['memory']:.2f}, time/token x{d['time']:.2f} from n={lo}C to {hi}C; "
+          f"LongCoT: memory x{lc['memory']:.2f}, time/token x{lc['time']:.2f}")
+    for key, what in (("memory", "flat memory"), ("time", "flat time/token")):
+        verdict = "holds" if d[key] <= FLAT[key] else "does NOT hold"
+        print(f"Delethink {what} (x{d[key]:.2f} <= {FLAT[key]:.2f}): {verdict}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--chunk", type=int, default=128, help="chunk size C (even); n = 2C, 4C, 8C")
+    p.add_argument("--batch", type=int, default=16, help="traces per generate call")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--preset", choices=("tiny", "qwen2.5-0.5b"), default="tiny")
+    p.add_argument("--repeats", type=int, default=2, help="timed calls per (mode, n); the best counts")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads in each child")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("longcot", "delethink"), help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.chunk % 2:
+        p.error("--chunk must be even (carryover m = C/2)")
+    if args.child:
+        return child(args)
+    print(f"preset {args.preset}, {args.device} {args.dtype}, C={args.chunk}, batch {args.batch}, "
+          f"query {QUERY_LEN} tokens, Delethink m=C/2 h=0, best of {args.repeats}")
+    rows = [measure(args, mode=mode, n=k * args.chunk) for mode in ("delethink", "longcot") for k in MULTIPLES]
+    table(rows, c=args.chunk, batch=args.batch)
+    summary(rows)
+
+
+if __name__ == "__main__":
+    main()
