@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--init", default="", help="start from this model folder (same tokenizer)")
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-terms", type=int, default=3, help="fewest integers in a sum")
     ap.add_argument("--max-terms", type=int, default=5, help="most integers in a sum")
     ap.add_argument("--max-new-tokens", type=int, default=80, help="response budget at the checks")
@@ -88,7 +89,7 @@ def main() -> None:
     eval_problems = [task.sample(eval_rng)[0] for _ in range(300)]
     eval_ids = encode_prompts(tok, eval_problems, chat_template=True)
     scorer = ResponseLogProbs(lm)
-    opt = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(lm.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     acc = 0.0
     for step in range(1, args.max_steps + 1):
         samples = [task.sample(rng) for _ in range(64)]

@@ -1,7 +1,7 @@
 """Benchmark of Markovian chunked thinking (Delethink) vs plain long chain-of-thought (LongCoT):
 peak memory and time per generated token at the same thinking length n = 2C, 4C, 8C.
 
-    python bench/delethink_cost.py            # ~3 minutes on 2 CPU cores (tiny random Qwen2, fp32)
+    python bench/delethink_cost.py            # ~4 minutes on 2 CPU cores (tiny random Qwen2, fp32)
     python bench/delethink_cost.py --device cuda --dtype bf16 --preset qwen2.5-0.5b --chunk 512 --batch 64
 
 C is the chunk size (--chunk). Every trace writes exactly n tokens (the stub tokenizer's EOS is an
@@ -10,11 +10,12 @@ id the model cannot emit). LongCoT is one generate call of n tokens, so its KV c
 I = 1 + 2(n − C)/C chunks, so its budget C + (I − 1)(C − m) is exactly n and no context exceeds
 |q| + C. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
 
-Each (mode, n) runs in a fresh process after a few-token warm-up. Peak memory is the growth over
-the measured generate calls of max RSS on CPU (Linux: ru_maxrss, its watermark first reset to the
-current RSS through /proc/self/clear_refs; glibc's mmap threshold fixed at 64 KiB so that freed
-tensors leave RSS) and of torch.cuda.max_memory_allocated on CUDA. Time per token is the best of
---repeats calls divided by n; children use one CPU thread unless --threads says otherwise.
+Each (mode, n) is measured in two fresh processes, each after a few-token warm-up. Memory: the
+growth of max RSS over one generate call on CPU (Linux ru_maxrss, its watermark first reset to the
+current RSS through /proc/self/clear_refs, glibc's mmap threshold fixed at 64 KiB so that freed
+tensors leave RSS), torch.cuda.max_memory_allocated over the allocated memory before on CUDA.
+Time: the best of --repeats calls with the default allocator; per token = wall / n (one token of
+every trace) and wall / (batch · n). Children use one CPU thread unless --threads says otherwise.
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ def current_rss() -> int:
 
 def child(args) -> None:
     import torch
-    # One thread by default: with 2 cores and a neighbour process, 2 OpenMP threads spin on each
+    # One thread by default: with 2 cores and a neighbour process, 2 OpenMP threads wait on each
     # other and a step gets ~10x slower and erratic; pass --threads 2 on an idle machine.
     torch.set_num_threads(args.threads)
     lm, tok = build(args)
@@ -143,25 +144,37 @@ def child(args) -> None:
     # Warm-up through both code paths (one chunk, then a carried-over chunk) on 4-token chunks.
     run_once(lm=lm, tok=tok, mode="delethink", n=8, c=4, batch=args.batch)
     peak, times = Peak(args.device), []
-    for _ in range(args.repeats):
+    for _ in range(args.repeats if args.child == "time" else 1):
         sync()
         t0 = time.perf_counter()
         run_once(lm=lm, tok=tok, mode=args.mode, n=args.n, c=args.chunk, batch=args.batch)
         sync()
         times.append(time.perf_counter() - t0)
-    print(json.dumps({"mode": args.mode, "n": args.n, "peak": peak.extra(), "wall": min(times)}))
+    print(json.dumps({"peak": peak.extra(), "walls": times}))
+
+
+def spawn(args, *, what: str, mode: str, n: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", what, "--mode", mode, "--n", str(n)]
+    for key in ("chunk", "batch", "device", "dtype", "preset", "repeats", "threads"):
+        cmd += [f"--{key}", str(getattr(args, key))]
+    env = dict(os.environ)
+    if what == "memory":
+        # glibc's dynamic mmap threshold keeps freed KV tensors in a fragmenting brk heap, so max
+        # RSS drifts with the allocation history (LongCoT at 4C: 118-141 MiB run to run, 77 here)
+        # instead of following the live peak; a fixed threshold maps every block ≥ 64 KiB and
+        # unmaps it on free. It also makes every step page-fault its new cache (2-3x slower),
+        # hence timing in a separate process with the default allocator.
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def measure(args, *, mode: str, n: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--n", str(n)]
-    for key in ("chunk", "batch", "device", "dtype", "preset", "repeats", "threads"):
-        cmd += [f"--{key}", str(getattr(args, key))]
-    # glibc's dynamic mmap threshold would keep freed KV tensors in a fragmenting brk heap, so max
-    # RSS would drift with the allocation history (repeats, one generate call per chunk) instead
-    # of following the live peak; a fixed threshold maps every block ≥ 64 KiB and unmaps it on free.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    memory = spawn(args, what="memory", mode=mode, n=n)["peak"]
+    walls = spawn(args, what="time", mode=mode, n=n)["walls"]
+    print(f"  {mode:9} n={n:5}: {memory / 2**20:7.1f} MiB, calls of {', '.join(f'{w:.1f}' for w in walls)} s",
+          file=sys.stderr, flush=True)
+    return {"mode": mode, "n": n, "peak": memory, "wall": min(walls)}
 
 
 def table(rows: list[dict], *, c: int, batch: int) -> None:
@@ -200,7 +213,7 @@ def main() -> None:
     p.add_argument("--preset", choices=("tiny", "qwen2.5-0.5b"), default="tiny")
     p.add_argument("--repeats", type=int, default=2, help="timed calls per (mode, n); the best counts")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads in each child")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("memory", "time"), help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=("longcot", "delethink"), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
