@@ -3,8 +3,9 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
 (sampled at temperature 1, the RL rollout setting) reaches `--target`, so that RL has room to show.
 
     python assets/build_tiny_model.py            # rewrites assets/tiny-running-sum/
-    python assets/build_tiny_model.py --out assets/tiny-running-sum-long --min-terms 2 \
-        --max-terms 14 --max-new-tokens 192   # the Markovian-thinking model (configs/tiny_delethink.yaml)
+    python assets/build_tiny_model.py --init assets/tiny-running-sum --out assets/tiny-running-sum-long \
+        --min-terms 2 --max-terms 12 --max-new-tokens 160 --lr 1e-3 --max-steps 2000 --eval-every 250 \
+        --target 1.01      # the long-sum model of configs/tiny_delethink.yaml: 2000 steps on from the first
 
 Deterministic: every random choice is seeded, and the run uses one CPU thread.
 """

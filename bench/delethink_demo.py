@@ -1,13 +1,13 @@
 """Markovian thinking on the tiny model: Delethink vs LongCoT at the same chunk size C, then
 test-time scaling (SPEC §5), as reported in the README.
 
-    python bench/delethink_demo.py            # two training runs on 2 ranks + evals, ~40 min
+    python bench/delethink_demo.py            # two training runs on 2 ranks + evals, ~10 min
 
-1. Delethink: `torchrun train.py --config configs/tiny_delethink.yaml` — long running sums whose
-   full scratchpad is ≥ 2·C tokens, written in chunks of C with m carried over, I chunks at most.
+1. Delethink: `torchrun train.py --config configs/tiny_delethink.yaml` — running sums whose
+   full responses are up to 2·C tokens, written in chunks of C with m carried over, I chunks at most.
 2. LongCoT capped at C: the same run with --max-chunks 1 (one chunk of C tokens, no carryover).
-3. Test-time scaling: the start model and the Delethink checkpoint on still longer problems
-   (--tts-terms), evaluated with the chunk cap I raised beyond its training value.
+3. Test-time scaling: the start model and the Delethink checkpoint on the longest training
+   problems and on longer ones (--tts-terms), with the chunk cap I raised beyond its training value.
 Prints Markdown tables; the runs' logs stay in runs/delethink-demo/.
 """
 from __future__ import annotations
@@ -61,8 +61,8 @@ def scaling(model: str, terms: tuple[int, int], caps: list[int], problems: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tts-terms", default="11,12", help="terms of the longer test-time-scaling problems")
-    parser.add_argument("--tts-caps", default="5,6,7,8,10,12", help="chunk caps I to evaluate them with")
+    parser.add_argument("--tts-terms", default="5,5", help="fewest,most terms of the test-time-scaling problems")
+    parser.add_argument("--tts-caps", default="6,8,10,12", help="chunk caps I to evaluate them with")
     parser.add_argument("--tts-problems", type=int, default=200)
     parser.add_argument("--tts-samples", type=int, default=4)
     args = parser.parse_args()
