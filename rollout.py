@@ -8,7 +8,7 @@ nothing is inherited from the checkpoint's generation_config (model.load_model r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import GenerationConfig
@@ -100,16 +100,16 @@ class Chunking:
 
 
 @torch.no_grad()
-def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, max_new_tokens: int) -> list[list[int]]:
+def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling) -> list[list[int]]:
     """One batched generate call over left-padded prompts -> each row's new tokens, cut after
-    the first EOS (a row without EOS has max_new_tokens of them)."""
+    the first EOS (a row without EOS has sampling.max_new_tokens of them)."""
     device = next(lm.parameters()).device
     input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device)
     greedy = sampling.temperature == 0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-        max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, use_cache=True)
     was_training = lm.training
     lm.eval()  # dropout off; HF also turns the KV cache off in train mode with checkpointing
@@ -118,7 +118,7 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, max_new_tok
     new = []
     for resp in out[:, input_ids.shape[1]:].tolist():
         eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
-        new.append(resp[:eos + 1] if eos is not None else resp[:max_new_tokens])
+        new.append(resp[:eos + 1] if eos is not None else resp[:sampling.max_new_tokens])
     return new
 
 
@@ -147,7 +147,8 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
         # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
         prompts = [queries[i] + written[i][:h] + written[i][len(written[i]) - tail:] if k else queries[i]
                    for i in going]
-        new_tokens = sample(lm, tokenizer, prompts, sampling, c if k == 0 else c - chunking.carryover)
+        budget = c if k == 0 else c - chunking.carryover
+        new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget))
         for i, prompt, new in zip(going, prompts, new_tokens):
             chunks[i].append(Chunk(prompt, new))
             written[i] += new
