@@ -1,15 +1,40 @@
-"""Held-out evaluation: accuracy (avg@n) and unbiased pass@k (SPEC §6).
+"""Held-out evaluation: avg@n, unbiased pass@k, maj@n and greedy accuracy (SPEC §6).
 
-`train.py` calls `evaluate` for its periodic eval; the same function serves a stand-alone run.
+    python eval.py                     # the shipped tiny model on the whole running-sum held-out split
+    python eval.py --model PATH --data math500.jsonl -n 64 --k 1,2,4,8,16,32,64 --preset paper
+    python eval.py --config runs/X/config.yaml --model runs/X/checkpoints/step-100
+                                       # what train.py's periodic eval logged at step 100
+    python eval.py --config configs/tiny_delethink.yaml --max-chunks 12    # test-time scaling
+    torchrun --nproc_per_node 2 eval.py ...                                 # same numbers, 2 ranks
+
+`train.py` calls `evaluate` for its periodic eval with the settings of `train.eval_settings`, and
+this script builds the same Config (every train.py field is a flag here too), so the two never
+disagree. The draws do not depend on the number of ranks either: the problems are cut into fixed
+batches and batch b is sampled after torch.manual_seed(seed + b), whichever rank takes it.
+
+Writes to --out: problems.jsonl (per problem: every response with its extracted answer and
+reward, pass@k, the majority answer), summary.json (metrics and settings), TensorBoard scalars.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from rollout import Chunking, Sampling, encode_prompts, generate
+
+PRESETS = {  # sampling at eval; "paper": ROVER, PACS and NSR evaluation settings (SPEC §6)
+    "config": {},
+    "paper": {"eval_temperature": 0.6, "eval_top_p": 0.95},
+}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -20,36 +45,178 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+def majority(samples: list[dict]) -> tuple[str | None, float]:
+    """(most frequent extracted answer, its reward); a tie goes to the answer seen first, and
+    responses without an answer do not vote. Answers 5, 7, 7, None rewarded 1, 0, 0, 0 -> ("7", 0.0)."""
+    votes = Counter(s["answer"] for s in samples if s["answer"] is not None)
+    if not votes:
+        return None, 0.0
+    top = votes.most_common(1)[0][0]  # most_common keeps first-seen order among equal counts
+    return top, next(s["reward"] for s in samples if s["answer"] == top)
+
+
+def graded(task, episode) -> dict:
+    verdict = task.grade(episode.problem, episode.text)
+    return {"response": episode.text, "answer": verdict.answer, "reward": verdict.reward,
+            "failure": verdict.failure, "length": len(episode.response_ids), "truncated": episode.truncated}
+
+
+def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
+    """One problem's responses and its per-problem metrics (the rows of problems.jsonl)."""
+    n, c = len(samples), int(sum(s["reward"] for s in samples))
+    answer, maj = majority(samples)
+    return {"prompt": problem.prompt, "gold": problem.answer, "correct": c,
+            "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
+            "majority_reward": maj, "greedy": greedy, "samples": samples}
+
+
+def summarize(records: list[dict], ks: list[int]) -> dict:
+    """Flat eval/ metrics over problems: accuracy (avg@n: mean reward of all samples, = pass@1
+    estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, and the
+    number of gradings that timed out or crashed (scored 0)."""
+    n, total = len(records[0]["samples"]), len(records)
+    samples = [s for r in records for s in r["samples"]]
+    out = {"eval/accuracy": sum(r["correct"] / n for r in records) / total}
+    out.update({f"eval/pass@{k}": sum(r["pass@k"][str(k)] for r in records) / total for k in ks})
+    out[f"eval/maj@{n}"] = sum(r["majority_reward"] for r in records) / total
+    greedy = [r["greedy"] for r in records if r["greedy"] is not None]
+    if greedy:
+        out["eval/greedy"] = sum(g["reward"] for g in greedy) / total
+    out.update({"eval/length": sum(s["length"] for s in samples) / len(samples),
+                "eval/truncated": sum(s["truncated"] for s in samples) / len(samples),
+                "eval/grader_failures": float(sum(bool(s["failure"]) for s in samples + greedy))})
+    return out
+
+
 @torch.no_grad()
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: Sampling,
-             chat_template: bool, seed: int, chunking: Chunking = Chunking(),
-             batch_prompts: int = 64) -> dict:
-    """Sample n responses per problem, grade them, and return flat metrics:
-    eval/accuracy (mean correctness of all samples = pass@1 estimated with n), eval/pass@k,
-    eval/length, eval/truncated. With Markovian thinking, `chunking.max_chunks` is the cap I
-    (test-time scaling: larger than in training). Problems are split over ranks; counts are
-    summed over ranks."""
+             chat_template: bool, seed: int, chunking: Chunking = Chunking(), greedy: bool = False,
+             batch_size: int = 256, progress: bool = False) -> tuple[dict, list[dict]]:
+    """Sample n responses per problem (batch_size sequences per generate call; with Markovian
+    thinking `chunking.max_chunks` is the cap I), and one greedy response if asked; grade them.
+    Returns (metrics of `summarize`, one record per problem in order), the same on every rank."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    torch.manual_seed(seed + rank)  # the same draws at every eval, so the curve compares like with like
-    mine = problems[rank::world]
-    sums = torch.zeros(3 + len(ks), dtype=torch.float64)  # accuracy, length, truncated, pass@k...
-    for s in range(0, len(mine), batch_prompts):
-        chunk = mine[s:s + batch_prompts]
-        episodes = generate(lm, tokenizer, chunk, encode_prompts(tokenizer, chunk, chat_template),
-                            group_size=n, sampling=sampling, chunking=chunking)
-        correct = [task.grade(e.problem, e.text) for e in episodes]
-        for j in range(len(chunk)):
-            c = int(sum(correct[j * n:(j + 1) * n]))
-            sums[0] += c / n
-            sums[3:] += torch.tensor([pass_at_k(n, c, k) for k in ks], dtype=torch.float64)
-        sums[1] += sum(len(e.response_ids) for e in episodes) / n
-        sums[2] += sum(e.truncated for e in episodes) / n
+    per_call = max(1, batch_size // n)
+    starts = list(range(0, len(problems), per_call))
+    mine = [(b, s) for b, s in enumerate(starts) if b % world == rank]
+    records = {}
+    for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
+        batch = problems[start:start + per_call]
+        prompt_ids = encode_prompts(tokenizer, batch, chat_template)
+        torch.manual_seed(seed + b)
+        episodes = generate(lm, tokenizer, batch, prompt_ids, group_size=n, sampling=sampling, chunking=chunking)
+        best = (generate(lm, tokenizer, batch, prompt_ids, group_size=1, chunking=chunking,
+                         sampling=Sampling(temperature=0.0, max_new_tokens=sampling.max_new_tokens))
+                if greedy else [None] * len(batch))
+        for j, problem in enumerate(batch):
+            samples = [graded(task, e) for e in episodes[j * n:(j + 1) * n]]
+            records[start + j] = problem_record(problem, samples, ks, graded(task, best[j]) if greedy else None)
     if world > 1:
-        sums = sums.to(next(lm.parameters()).device)  # NCCL reduces only GPU tensors
-        dist.all_reduce(sums)
-    total = len(problems)
-    out = {"eval/accuracy": sums[0].item() / total, "eval/length": sums[1].item() / total,
-           "eval/truncated": sums[2].item() / total}
-    out.update({f"eval/pass@{k}": sums[3 + i].item() / total for i, k in enumerate(ks)})
-    return out
+        parts = [None] * world
+        dist.all_gather_object(parts, records)
+        records = {i: r for part in parts for i, r in part.items()}
+    ordered = [records[i] for i in range(len(problems))]
+    return summarize(ordered, ks), ordered
+
+
+# ============================================================================ stand-alone
+
+def parse_args(argv=None):
+    """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
+    from rewards import BUILTIN_TASKS, DataError
+    from train import _parser_for, parse_config  # here, not at the top: train.py imports this module
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every train.py Config field is accepted as well (python train.py --help); "
+               "the flags above set the eval_* fields and replace the training flags of the same name.")
+    parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file")
+    parser.add_argument("-n", "--samples", type=int, dest="eval_samples", help="samples per problem")
+    parser.add_argument("--k", type=_parser_for(list), dest="eval_k", help="pass@k values, e.g. 1,2,4,8")
+    parser.add_argument("--problems", type=int, dest="eval_problems",
+                        help="the first this many problems; 0 = all (default: all, or the --config's value)")
+    parser.add_argument("--preset", choices=PRESETS, default="config",
+                        help="config: the config's eval sampling; paper: temperature 0.6, top-p 0.95")
+    parser.add_argument("--temperature", type=float, dest="eval_temperature")
+    parser.add_argument("--top-p", type=float, dest="eval_top_p")
+    parser.add_argument("--max-chunks", type=int, dest="eval_max_chunks", help="Markovian chunk cap I")
+    parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True, dest="eval_greedy",
+                        help="also score one greedy response per problem")
+    parser.add_argument("--batch-size", type=int, dest="eval_batch_size", help="sequences per generate call")
+    parser.add_argument("--out", default="", help="output folder (default runs/eval-<timestamp>)")
+    parser.add_argument("--step", type=int, help="TensorBoard step (default: N of a checkpoints/step-N path, else 0)")
+    args, rest = parser.parse_known_args(argv)
+    try:
+        cfg = parse_config(rest)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    overrides = {} if cfg.config else {"eval_problems": 0}
+    overrides.update(PRESETS[args.preset])
+    overrides.update({k: v for k, v in vars(args).items() if k.startswith("eval_") and v is not None})
+    if args.data:
+        overrides["data"] = args.data
+        overrides["eval_data"] = "" if args.data in BUILTIN_TASKS else args.data
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return args, cfg
+
+
+def main(argv=None) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from model import load_model, load_tokenizer
+    from train import autocast_context, eval_settings, load_problems, setup_distributed, validate
+
+    args, cfg = parse_args(argv)
+    try:
+        validate(cfg, world=1)
+        task, _, problems = load_problems(cfg)
+        if not problems:
+            raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    rank, world, device = setup_distributed()
+    hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    lm = load_model(cfg.model, device=device, trust_remote_code=cfg.trust_remote_code, trainable=False)
+    settings = eval_settings(cfg)
+    with autocast_context(cfg, device)():
+        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
+    if rank == 0:
+        write_results(args, cfg, settings, metrics, records)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def write_results(args, cfg, settings: dict, metrics: dict, records: list[dict]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "problems.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    chunks = settings["chunking"]
+    described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
+                 "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
+                 "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
+                 "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
+                 "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
+    (out / "summary.json").write_text(json.dumps({"metrics": metrics, "settings": described}, indent=1) + "\n")
+    name = Path(cfg.model).name
+    step = args.step if args.step is not None else int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
+    with SummaryWriter(str(out)) as tb:
+        for key, value in metrics.items():
+            tb.add_scalar(key, value, step)
+    print(f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
+          f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
+    print("| k | " + " | ".join(str(k) for k in cfg.eval_k) + " |")
+    print("|---" * (len(cfg.eval_k) + 1) + "|")
+    print("| pass@k | " + " | ".join(f"{100 * metrics[f'eval/pass@{k}']:.1f}%" for k in cfg.eval_k) + " |")
+    print(" ".join(f"{key[5:]} {value:.4f}" for key, value in metrics.items() if "pass@" not in key))
+    print(f"wrote {out}/problems.jsonl, summary.json and TensorBoard events")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
 """Tasks, answer extraction and verifiable graders.
 
-A task turns a split name into a list of `Problem`s and grades a response text against one.
+A task turns a split name into a list of `Problem`s and grades a response text against one,
+returning a `Verdict` (the 0/1 reward and the extracted answer, which maj@n votes on).
 Three kinds:
 
 - `running_sum` (built-in): "Add 12+7+35" -> scratchpad of partial sums, answer in a tag:
@@ -8,16 +9,25 @@ Three kinds:
   can be made as long as Markovian-thinking experiments need.
 - `countdown` (built-in, TinyZero format): reach a target with each given number used once;
   the grader parses the arithmetic itself (never Python `eval` on model output).
-- a JSONL file: prompt from `prompt`/`problem`/`question`, gold answer from
-  `answer`/`ground_truth`/`solution` (GSM8K "#### x" and the last \\boxed{x} are extracted).
+- a benchmark file (JSONL, JSON list, or parquet when pyarrow is installed) in the usual schemas:
+  GSM8K question/answer ("#### x"), MATH500 problem/answer/solution, AIME/AMC problem or
+  question with answer. Graded by HF math-verify (`MathGrader`) in a worker process with a time
+  limit: the gold answer is parsed first, the response's last \\boxed{} has priority, then
+  GSM8K's "#### x", an <answer> tag, any LaTeX or number math-verify finds, the last number.
 
 Rewards are 0/1. `overlong_penalty` is the DAPO soft length penalty added on top when asked.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import queue
 import random
 import re
+import subprocess
+import sys
+import threading
+import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -47,11 +57,16 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...}, with nested braces: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"."""
-    start = text.rfind("\\boxed{")
+    """Content of the last \\boxed{...} or \\fbox{...}, with nested braces, as MATH solutions write
+    them: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"; the brace-less "\\boxed 5" -> "5"."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]  # after "\\boxed" / "\\fbox"
+    if not rest.startswith("{"):
+        found = re.match(r" +([^\s$]+)", rest)
+        return found.group(1) if found else None
+    i, depth = len(text) - len(rest) + 1, 1
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
@@ -70,29 +85,129 @@ def gold_answer(raw: str) -> str:
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def _normalise(ans: str) -> str | Fraction:
-    """A numeric answer as an exact Fraction ("1,000" -> 1000, "0.5" -> 1/2), else a bare string."""
-    s = ans.strip().strip("$").rstrip(".").replace(" ", "")
-    if re.fullmatch(r"-?\d[\d,]*(\.\d+)?", s):
-        return Fraction(s.replace(",", ""))
-    m = re.fullmatch(r"\\d?frac\{(-?\d+)\}\{(\d+)\}", s)
-    if m and int(m.group(2)) != 0:
-        return Fraction(int(m.group(1)), int(m.group(2)))
-    return s
+@dataclass
+class Verdict:
+    """A grader's decision on one response."""
+    reward: float  # 1.0 correct, else 0.0
+    answer: str | None = None  # the extracted final answer, normalised; maj@n votes on it
+    failure: str = ""  # "timeout" or "error" when the grader could not decide (reward 0)
 
 
-def grade_math(response: str, gold: str) -> float:
-    """1.0 if the response's final answer equals the gold one. The answer is read from the last
-    \\boxed{}, else "#### x", else <answer> tags, else the last number in the text."""
-    pred = last_boxed(response)
-    if pred is None and "####" in response:
-        pred = response.split("####")[-1].strip()
-    if pred is None:
-        pred = extract_tag(response)
-    if pred is None:
+# ----------------------------------------------------------------------------- math grading
+
+class MathGrader:
+    """HF math-verify in a child process, one answer at a time under a wall-clock limit.
+
+    Why a process: sympy can run unboundedly long on an adversarial answer, and math-verify's own
+    limit is SIGALRM, which works only on a process's main thread (not in a thread pool, a
+    notebook executor, or a helper thread of a torchrun worker). A child process can be killed
+    from any thread. A grading that times out or crashes scores 0, says so in Verdict.failure
+    (the caller counts it), and the next call starts a fresh worker. `command` replaces the
+    worker, for tests.
+    """
+
+    STARTUP_S = 120.0  # importing sympy can take a while on a loaded machine; not charged to answers
+
+    def __init__(self, timeout: float = 10.0, command: list[str] | None = None):
+        self.timeout = timeout
+        self.command = command or [sys.executable, str(Path(__file__).resolve()), "--math-worker"]
+        self._proc, self._replies, self._lock = None, None, threading.Lock()
+
+    def __call__(self, response: str, gold: str) -> Verdict:
+        with self._lock:  # one request in flight per worker: replies are matched by order
+            try:
+                if self._proc is None:
+                    self._start()
+                self._proc.stdin.write(json.dumps({"response": response, "gold": gold}) + "\n")
+                self._proc.stdin.flush()
+                reply = self._replies.get(timeout=self.timeout)
+            except queue.Empty:
+                self.close()
+                return Verdict(0.0, failure="timeout")
+            except (OSError, RuntimeError):  # the worker died or never started
+                reply = None
+            if reply is None:
+                self.close()
+                return Verdict(0.0, failure="error")
+            return Verdict(float(reply["reward"]), reply["answer"], reply["failure"])
+
+    def _start(self) -> None:
+        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        replies: queue.Queue = queue.Queue()
+
+        def pump():  # a reader thread, so that waiting for a reply can time out
+            for line in proc.stdout:
+                try:
+                    replies.put(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+            replies.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        self._proc, self._replies = proc, replies
+        self._finalizer = weakref.finalize(self, proc.kill)  # no orphan worker at exit
+        try:
+            ready = replies.get(timeout=self.STARTUP_S)
+        except queue.Empty:
+            ready = None
+        if ready != "ready":
+            raise RuntimeError(f"math grading worker {self.command} did not start")
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+def _math_worker() -> None:
+    """The child side of MathGrader: {"response", "gold"} JSON lines in, Verdict JSON lines out."""
+    import logging
+
+    import math_verify
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reward, answer = _math_verdict(math_verify, request["response"], request["gold"])
+            reply = {"reward": reward, "answer": answer, "failure": ""}
+        except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
+            reply = {"reward": 0.0, "answer": None, "failure": "error"}
+        print(json.dumps(reply), flush=True)
+
+
+def _math_verdict(mv, response: str, gold: str) -> tuple[float, str | None]:
+    """(reward, normalised answer) of one response; mv is the math_verify module."""
+    configs = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
+
+    def parse(text: str) -> list:
+        return mv.parse(text, extraction_config=configs, parsing_timeout=None)
+
+    gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
+    pred = parse(_answer_region(response))
+    if not pred:
         numbers = _NUMBER.findall(response)
-        pred = numbers[-1] if numbers else None
-    return float(pred is not None and _normalise(pred) == _normalise(gold))
+        pred = parse(numbers[-1].replace(",", "")) if numbers else []
+    if not pred:
+        return 0.0, None
+    answer = str(pred[0])
+    if not gold_parsed:  # a gold answer math-verify cannot read: exact text match
+        return float(pred[-1].strip() == gold.strip()), answer
+    return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
+
+
+def _answer_region(response: str) -> str:
+    """Where the final answer is: the last \\boxed{} (alone: math-verify would join "\\boxed{5}, ...
+    \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0), else the line after
+    GSM8K's "####", else an <answer> tag's content, else the whole text."""
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return "\\boxed{" + boxed + "}"
+    if "####" in response:
+        return response.split("####")[-1].strip().split("\n")[0]
+    tag = extract_tag(response)
+    return "$" + tag + "$" if tag is not None else response
 
 
 # ----------------------------------------------------------------------------- running sum
@@ -125,10 +240,11 @@ class RunningSumTask:
             total += t
         return " ".join(steps) + f" <answer>{total}</answer>"
 
-    def grade(self, problem: Problem, response: str) -> float:
+    def grade(self, problem: Problem, response: str) -> Verdict:
         pred = extract_tag(response)
-        return float(pred is not None and re.fullmatch(r"-?\d+", pred) is not None
-                     and int(pred) == int(problem.answer))
+        if pred is None or re.fullmatch(r"-?\d+", pred) is None:
+            return Verdict(0.0, pred)
+        return Verdict(float(int(pred) == int(problem.answer)), str(int(pred)))
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -220,62 +336,96 @@ class CountdownTask:
                 return Problem(prompt=prompt, answer=json.dumps({"numbers": nums,
                                                                   "target": int(target)})), nums
 
-    def grade(self, problem: Problem, response: str) -> float:
+    def grade(self, problem: Problem, response: str) -> Verdict:
         gold = json.loads(problem.answer)
         expr = extract_tag(response)
         if expr is None:
-            return 0.0
+            return Verdict(0.0)
         try:
             value, used = parse_arithmetic(expr)
         except ExpressionError:
-            return 0.0
-        return float(sorted(used) == sorted(gold["numbers"]) and value == gold["target"])
+            return Verdict(0.0, expr)
+        # maj@n votes on the expression: two different correct equations are different answers
+        return Verdict(float(sorted(used) == sorted(gold["numbers"]) and value == gold["target"]),
+                       expr.replace(" ", ""))
 
 
 # ----------------------------------------------------------------------------- files
 
 class FileTask:
-    """Problems from a JSONL file; graded by final-answer equality (`grade_math`)."""
+    """Problems from a benchmark file (`load_file`), graded by math-verify (`MathGrader`)."""
 
     name = "file"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, grade_timeout: float = 10.0):
+        if importlib.util.find_spec("math_verify") is None:  # say so now, not as a 0 reward per answer
+            raise DataError(f"{path}: grading a benchmark file needs math-verify: pip install math-verify")
         self.path = path
-        self.problems = load_jsonl(path)
+        self.problems = load_file(path)
+        self.grader = MathGrader(grade_timeout)
 
-    def grade(self, problem: Problem, response: str) -> float:
-        return grade_math(response, problem.answer)
+    def grade(self, problem: Problem, response: str) -> Verdict:
+        return self.grader(response, problem.answer)
 
 
-def load_jsonl(path: str) -> list[Problem]:
-    """Read problems from JSONL; every error names the file, the line and the field."""
+def load_file(path: str) -> list[Problem]:
+    """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet
+    (needs pyarrow), by their usual field names: prompt/problem/question, then
+    answer/ground_truth/solution. Every error names the file, the line (row) and the field."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{path}: no such file (give --data running_sum, countdown, or a .jsonl path)")
+        raise DataError(f"{path}: no such file (give --data running_sum, countdown, or a "
+                        f".jsonl/.json/.parquet path)")
+    rows = _rows(p)
     problems = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be "
-                                f"one JSON object") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            problems.append(Problem(prompt=_field(row, PROMPT_FIELDS, path, lineno),
-                                    answer=gold_answer(_field(row, ANSWER_FIELDS, path, lineno))))
+    for lineno, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        problems.append(Problem(prompt=_field(row, PROMPT_FIELDS, path, lineno),
+                                answer=gold_answer(_field(row, ANSWER_FIELDS, path, lineno))))
     if not problems:
-        raise DataError(f"{path}: the dataset is empty (no JSON lines)")
+        raise DataError(f"{path}: the dataset is empty (no rows)")
     return problems
+
+
+def _rows(p: Path) -> list[tuple[int, object]]:
+    """(line or row number from 1, record) pairs of a data file."""
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DataError(f"{p}: reading parquet needs pyarrow (pip install pyarrow), "
+                            f"or convert the file to JSONL") from None
+        return list(enumerate(pq.read_table(p).to_pylist(), 1))
+    text = p.read_text(encoding="utf-8")
+    if suffix == ".json":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg != "Extra data":  # "Extra data": JSON lines named .json, as HF datasets writes them
+                raise DataError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        else:
+            if not isinstance(records, list):
+                raise DataError(f"{p}: expected a JSON list of objects (or use .jsonl, one per line)")
+            return list(enumerate(records, 1))
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg}); each line must be "
+                            f"one JSON object") from None
+    return rows
 
 
 def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
     for name in names:
-        if name in row:
+        if row.get(name) is not None:  # parquet rows carry every column, None where a row has none
             value = row[name]
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:  # not NaN
                 value = str(value)
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{path}:{lineno}: field '{name}' must be a non-empty string")
@@ -286,15 +436,16 @@ def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
 
 # ----------------------------------------------------------------------------- splits
 
-def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2):
+def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
+              grade_timeout: float = 10.0):
     if data == "running_sum":
         return RunningSumTask(sum_min_terms, sum_max_terms, sum_digits)
     if data == "countdown":
         return CountdownTask()
-    if data.endswith(".jsonl") or Path(data).exists():
-        return FileTask(data)
+    if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
+        return FileTask(data, grade_timeout)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
-                    f"nor a .jsonl file")
+                    f"nor a .jsonl/.json/.parquet file")
 
 
 def builtin_splits(task, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
@@ -318,3 +469,7 @@ def overlong_penalty(length: int, max_len: int, cache: int) -> float:
     if length <= start:
         return 0.0
     return max(-1.0, (start - length) / cache)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--math-worker"]:
+    _math_worker()

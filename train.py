@@ -52,7 +52,7 @@ from algos.rover import ROVER_ADVS
 from eval import evaluate
 from model import (ResponseLogProbs, count_parameters, load_model, load_tokenizer,
                    load_trainer_state, save_checkpoint)
-from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_jsonl, make_task, overlong_penalty
+from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_file, make_task, overlong_penalty
 from rollout import Chunking, Episode, Sampling, collate, encode_prompts, generate
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
@@ -64,8 +64,8 @@ class Config:
     algo: str = "grpo"  # a name from algos/__init__.py; its preset sets the loss knobs below
     config: str = ""  # YAML preset file; its keys are Config fields
     model: str = DEFAULT_MODEL  # any local HF causal LM folder; default: the shipped tiny model
-    data: str = "running_sum"  # built-in task (running_sum, countdown) or a .jsonl file
-    eval_data: str = ""  # held-out .jsonl; built-in tasks use their own held-out split
+    data: str = "running_sum"  # built-in task (running_sum, countdown) or a .jsonl/.json/.parquet file
+    eval_data: str = ""  # held-out file; built-in tasks use their own held-out split
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
     max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
     seed: int = 0  # fixes data order, sampling and everything else
@@ -75,6 +75,7 @@ class Config:
     sum_max_terms: int = 5  # running_sum: most integers to add
     sum_digits: int = 2  # running_sum: digits per integer
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    grade_timeout: float = 10.0  # seconds per math-verify grading (file tasks); over it scores 0, counted
     # --- batch sizes
     prompts_per_step: int = 16  # B: prompts per rollout batch, over all ranks
     group_size: int = 8  # G: responses sampled per prompt
@@ -123,10 +124,13 @@ class Config:
     max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
     # --- eval
     eval_every: int = 50  # steps between held-out evals (and one before step 1); 0 = off
-    eval_problems: int = 200  # held-out problems per eval
-    eval_samples: int = 4  # n: samples per problem
+    eval_problems: int = 200  # held-out problems per eval; 0 = all
+    eval_samples: int = 4  # n: samples per problem (avg@n, maj@n)
     eval_k: list = field(default_factory=lambda: [1, 4])  # pass@k values, each ≤ eval_samples
     eval_temperature: float = 1.0  # sampling temperature at eval
+    eval_top_p: float = 1.0  # nucleus sampling at eval (papers: 0.95 with temperature 0.6)
+    eval_greedy: bool = False  # also score one greedy (temperature 0) response per problem
+    eval_batch_size: int = 256  # sequences per generate call at eval; eval samples depend on it
     # --- checkpoints and logs
     save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
     log_samples: int = 2  # completions written to samples.jsonl per step
@@ -238,6 +242,10 @@ def validate(cfg: Config, world: int) -> None:
          f"response is split over several rows, which it does not support: set max_chunks 1"),
         (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
         (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
+        (cfg.eval_temperature >= 0 and 0 < cfg.eval_top_p <= 1 and cfg.eval_batch_size >= 1
+         and cfg.eval_problems >= 0 and cfg.grade_timeout > 0,
+         "eval_temperature must be ≥ 0, eval_top_p in (0, 1], eval_batch_size ≥ 1, eval_problems ≥ 0, "
+         "grade_timeout > 0"),
         (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
          f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
         (cfg.precision in ("auto", "fp32", "bf16"), "precision must be auto, fp32 or bf16"),
@@ -264,20 +272,35 @@ def budget(cfg: Config) -> int:
     return chunking(cfg).budget(cfg.max_new_tokens)
 
 
+def eval_settings(cfg: Config) -> dict:
+    """evaluate()'s keyword arguments from the eval fields: train.py's periodic eval and a
+    stand-alone `eval.py --config` run take them from here, so their numbers agree."""
+    return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
+                sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens),
+                chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
+                seed=cfg.seed + 7919)
+
+
 def load_problems(cfg: Config):
     """(task, train problems, held-out problems), read and checked before any model is loaded."""
     task = make_task(cfg.data, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
-                     sum_digits=cfg.sum_digits)
+                     sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout)
     if cfg.data in BUILTIN_TASKS:
         train, heldout = builtin_splits(task)
     else:
         train, heldout = task.problems, []
     if cfg.eval_data:
-        heldout = load_jsonl(cfg.eval_data)
-    return task, train, heldout[:cfg.eval_problems]
+        heldout = load_file(cfg.eval_data)
+    return task, train, heldout[:cfg.eval_problems or None]
 
 
 # ============================================================================ distributed
+
+def autocast_context(cfg: Config, device):
+    """A factory of the context the forwards run in: bf16 autocast (auto: on CUDA), or nothing."""
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+
 
 def setup_distributed():
     """(rank, world, device). torchrun sets RANK; plain `python train.py` is one process."""
@@ -347,7 +370,8 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
                             first_group=first_group)
         for e in episodes:
-            e.reward = task.grade(e.problem, e.text)
+            verdict = task.grade(e.problem, e.text)
+            e.reward, e.grader_failed = verdict.reward, bool(verdict.failure)
             e.score = e.reward + (overlong_penalty(len(e.response_ids), budget(cfg),
                                                    cfg.overlong_cache) if cfg.overlong_penalty else 0.0)
         episodes = [e for part in gather_objects(episodes, world) for e in part]
@@ -381,6 +405,7 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
             "score/mean": float(np.mean([e.score for e in episodes])),
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
             "tokens/generated": lengths.sum(),
+            "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
             "length/truncated": float(np.mean([e.truncated for e in episodes]))}
 
 
@@ -622,8 +647,7 @@ def main(argv=None) -> None:
         (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
         say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+    autocast = autocast_context(cfg, device)
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     lm = load_model(cfg.resume or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code,
                     gradient_checkpointing=cfg.gradient_checkpointing)
@@ -649,13 +673,10 @@ def main(argv=None) -> None:
 
     stream = PromptStream(train_problems, cfg.seed)
     logger = Logger(out, rank == 0)
-    sampling_eval = Sampling(cfg.eval_temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens)
 
     def run_eval():
         with autocast():
-            return evaluate(lm, tokenizer, task, heldout, n=cfg.eval_samples, ks=cfg.eval_k,
-                            sampling=sampling_eval, chunking=chunking(cfg, evaluation=True),
-                            chat_template=cfg.chat_template, seed=cfg.seed + 7919)
+            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg))[0]
 
     def checkpoint():
         if rank == 0:

@@ -57,7 +57,7 @@ def build_model(vocab_size: int, seed: int, hidden: int = 96, layers: int = 3) -
 def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int) -> float:
     eps = generate(lm, tok, problems, prompt_ids, group_size=1,
                    sampling=Sampling(temperature=1.0, max_new_tokens=max_new_tokens))
-    return sum(task.grade(e.problem, e.text) for e in eps) / len(eps)
+    return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps)
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from eval import evaluate  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from rewards import RunningSumTask, builtin_splits  # noqa: E402
-from rollout import Chunking, Sampling  # noqa: E402
-from train import chunking, parse_config  # noqa: E402
+from rollout import Chunking  # noqa: E402
+from train import chunking, eval_settings, parse_config  # noqa: E402
 
 CONFIG = "configs/tiny_delethink.yaml"
 
@@ -50,12 +50,11 @@ def scaling(model: str, terms: tuple[int, int], caps: list[int], problems: int, 
     task = RunningSumTask(*terms, cfg.sum_digits)
     heldout = builtin_splits(task)[1][:problems]
     tok, lm = load_tokenizer(model), load_model(model)
-    sampling = Sampling(cfg.eval_temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens)
+    cfg.eval_samples, cfg.eval_k = samples, [1]
     out = []
     for cap in caps:
         cfg.eval_max_chunks = cap
-        out.append(evaluate(lm, tok, task, heldout, n=samples, ks=[1], sampling=sampling, chunking=chunking(cfg, True),
-                            chat_template=cfg.chat_template, seed=cfg.seed + 7919))
+        out.append(evaluate(lm, tok, task, heldout, **eval_settings(cfg))[0])
     return out
 
 

@@ -4,18 +4,18 @@ import json
 import pytest
 
 from eval import pass_at_k
-from rewards import (CountdownTask, DataError, Problem, RunningSumTask, builtin_splits, gold_answer,
-                     grade_math, load_jsonl, make_task, overlong_penalty, parse_arithmetic)
+from rewards import (CountdownTask, DataError, Problem, RunningSumTask, Verdict, builtin_splits, gold_answer,
+                     load_file, make_task, overlong_penalty, parse_arithmetic)
 
 
 def test_running_sum_solution_and_grader():
     task = RunningSumTask()
     assert task.solution([12, 7, 35]) == "12+7=19 19+35=54 <answer>54</answer>"
     p = Problem("Add 12+7+35", "54")
-    assert task.grade(p, "12+7=19 19+35=54 <answer>54</answer>") == 1.0
-    assert task.grade(p, "<answer>53</answer>") == 0.0
-    assert task.grade(p, "54") == 0.0  # the tag is required
-    assert task.grade(p, "<answer>5 4</answer>") == 0.0
+    assert task.grade(p, "12+7=19 19+35=54 <answer>54</answer>").reward == 1.0
+    assert task.grade(p, "<answer>53</answer>").reward == 0.0
+    assert task.grade(p, "54").reward == 0.0  # the tag is required
+    assert task.grade(p, "<answer>5 4</answer>").reward == 0.0
 
 
 def test_running_sum_difficulty_knobs_and_splits():
@@ -37,10 +37,10 @@ def test_countdown_parser_and_grader():
             parse_arithmetic(bad)
     task = CountdownTask()
     p = Problem("...", json.dumps({"numbers": [3, 5, 7], "target": 22}))
-    assert task.grade(p, "<think>x</think><answer>3*5+7</answer>") == 1.0
-    assert task.grade(p, "<answer>3*5+7+0</answer>") == 0.0  # 0 is not one of the numbers
-    assert task.grade(p, "<answer>5*5-3</answer>") == 0.0  # 5 used twice, 7 unused
-    assert task.grade(p, "<answer>__import__('os').system('x')</answer>") == 0.0
+    assert task.grade(p, "<think>x</think><answer>3*5+7</answer>").reward == 1.0
+    assert task.grade(p, "<answer>3*5+7+0</answer>").reward == 0.0  # 0 is not one of the numbers
+    assert task.grade(p, "<answer>5*5-3</answer>").reward == 0.0  # 5 used twice, 7 unused
+    assert task.grade(p, "<answer>__import__('os').system('x')</answer>").reward == 0.0
     problem, nums = task.sample(__import__("random").Random(1))
     assert "create an equation that equals" in problem.prompt
     assert json.loads(problem.answer)["numbers"] == nums
@@ -49,10 +49,13 @@ def test_countdown_parser_and_grader():
 def test_gold_and_predicted_answers():
     assert gold_answer("She pays 3*4 = 12.\n#### 12") == "12"
     assert gold_answer("so x = \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
-    assert grade_math("The answer is \\boxed{0.5}", "\\frac{1}{2}") == 1.0
-    assert grade_math("#### 1,000", "1000") == 1.0
-    assert grade_math("I think 41 then 42", "42") == 1.0
-    assert grade_math("\\boxed{43}", "42") == 0.0
+    assert gold_answer("$\\fbox{5}$ and $\\boxed{6}$ then $\\fbox{7}$.") == "7"  # the last one, as MATH writes them
+    assert gold_answer("the answer is $\\boxed 9$.") == "9"
+    assert gold_answer("no box: 12") == "no box: 12"
+    task = RunningSumTask()  # the tag's content, normalised, is what maj@n votes on
+    assert task.grade(Problem("Add 1+2", "3"), "<answer> 03 </answer>") == Verdict(1.0, "3")
+    assert task.grade(Problem("Add 1+2", "3"), "<answer>x</answer>") == Verdict(0.0, "x")
+    assert task.grade(Problem("Add 1+2", "3"), "3") == Verdict(0.0, None)
 
 
 def write(tmp_path, name, text):
@@ -64,19 +67,22 @@ def write(tmp_path, name, text):
 def test_jsonl_fields_and_errors(tmp_path):
     ok = write(tmp_path, "ok.jsonl", json.dumps({"question": "1+1?", "answer": "so #### 2"}) + "\n\n"
                + json.dumps({"problem": "x", "solution": "\\boxed{3}"}) + "\n")
-    assert load_jsonl(ok) == [Problem("1+1?", "2"), Problem("x", "3")]
+    assert load_file(ok) == [Problem("1+1?", "2"), Problem("x", "3")]
     bad = write(tmp_path, "bad.jsonl", json.dumps({"prompt": "a", "answer": "1"}) + "\n{oops\n")
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
-        load_jsonl(bad)
+        load_file(bad)
     missing = write(tmp_path, "missing.jsonl", json.dumps({"prompt": "a", "label": "1"}) + "\n")
     with pytest.raises(DataError, match=r"missing.jsonl:1: missing field: expected one of answer, "
                                         r"ground_truth, solution; the line has label, prompt"):
-        load_jsonl(missing)
+        load_file(missing)
+    lines_named_json = write(tmp_path, "hf.json", json.dumps({"question": "q", "answer": "#### 4"}) + "\n"
+                             + json.dumps({"question": "r", "answer": "#### 5"}) + "\n")
+    assert load_file(lines_named_json) == [Problem("q", "4"), Problem("r", "5")]  # HF datasets' to_json
     empty = write(tmp_path, "empty.jsonl", "\n")
     with pytest.raises(DataError, match=r"empty.jsonl: the dataset is empty"):
-        load_jsonl(empty)
+        load_file(empty)
     with pytest.raises(DataError, match="no such file"):
-        load_jsonl(str(tmp_path / "nope.jsonl"))
+        load_file(str(tmp_path / "nope.jsonl"))
     with pytest.raises(DataError, match="not a built-in task"):
         make_task("gsm9k")
 

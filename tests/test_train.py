@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+import eval as evaluation
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +90,14 @@ def test_torchrun_two_processes_smoke(tmp_path):
     tok = AutoTokenizer.from_pretrained(ckpt)
     assert lm(**tok("Add 1+2", return_tensors="pt")).logits.shape[-1] == len(tok)
     assert (out / "config.yaml").is_file() and list(out.glob("events.out.tfevents.*"))
+    # eval.py on the checkpoint with the run's config: the numbers the periodic eval logged at step 2,
+    # from 1 process where training ran 2 ranks
+    evaluation.main(["--config", str(out / "config.yaml"), "--model", str(ckpt), "--no-greedy",
+                     "--out", str(tmp_path / "eval")])
+    alone = json.loads((tmp_path / "eval" / "summary.json").read_text())["metrics"]
+    logged = {k: v for k, v in lines[2].items() if k.startswith("eval/")}
+    assert set(logged) == set(alone)
+    assert all(alone[k] == pytest.approx(logged[k], abs=1e-6) for k in logged), (alone, logged)
 
 
 @pytest.mark.parametrize("algo,key", [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"),

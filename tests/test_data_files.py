@@ -1,0 +1,334 @@
+"""Benchmark data files: loading (JSONL / JSON list / parquet), error messages, and grading.
+
+The fixtures in tests/fixtures/ are small hand-written problems in the real public schemas:
+gsm8k.jsonl (question/answer "... #### x"), math500.jsonl (problem/solution/answer/subject/level/
+unique_id), aime.jsonl (id/problem/answer/url?/year, answers as JSON ints in some rows and strings
+in others) and amc.jsonl (question/answer/id?, answers as floats like 330.0).
+
+Gold answers, as `rewards.gold_answer` gives them (text after "####", else the last \\boxed{},
+else the field stripped; numbers are str()-ed first):
+- GSM8K "#### 1,200" -> "1,200": the thousands separator is kept in the gold string; math-verify
+  reads it as 1200 when grading.
+- AIME "033" (a string) stays "033" (leading zero kept); the JSON integer 111 becomes "111".
+- AMC 330.0 (a float) becomes "330.0"; 4.25 becomes "4.25".
+- MATH500 takes the `answer` field ("\\frac{7}{12}") over the solution's \\boxed{\\dfrac{7}{12}}.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from rewards import DataError, Problem, load_file, make_task
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+NAMES = ("gsm8k", "math500", "aime", "amc")
+PROMPT_FIELD = {"gsm8k": "question", "math500": "problem", "aime": "problem", "amc": "question"}
+
+# the exact gold strings, one per row, worked out by hand from the problems
+GOLD = {
+    "gsm8k": ["216", "1,200", "2.5", "8", "120"],
+    "math500": ["\\frac{7}{12}", "3\\sqrt{2}", "(-\\infty, 3]", "(2, -1)", "1, 2, 5",
+                "\\text{Tuesday}"],
+    "aime": ["111", "376", "170", "033", "56"],
+    "amc": ["330.0", "117.0", "6.0", "4.25", "7.0"],
+}
+
+# (a correct response in a form other than the gold text, a wrong response), one per row
+OTHER_FORMS = {
+    "gsm8k": [("They made 72 * 3 = 216 dollars.\n#### 216", "#### 217"),
+              ("40 * 30 = 1200 books.\n#### 1200", "#### 1,300"),
+              ("Change: 10 - 7.50 = 2.50\n#### $2.50", "#### 2.6"),
+              ("So the answer is \\boxed{8}.", "#### 9"),
+              ("48 + 72 = 120 legs in all.\n#### 120", "#### 84")],
+    "math500": [("\\boxed{\\dfrac{7}{12}}", "\\boxed{\\frac{5}{12}}"),
+                ("\\boxed{\\sqrt{18}}", "\\boxed{2\\sqrt{3}}"),
+                ("\\boxed{(-\\infty,3]}", "\\boxed{(-\\infty, 3)}"),
+                ("\\boxed{(2,-1)}", "\\boxed{(-1, 2)}"),
+                ("\\boxed{5, 1, 2}", "\\boxed{1, 2}"),
+                ("\\boxed{\\text{Tuesday}}", "\\boxed{\\text{Wednesday}}")],
+    "aime": [("\\boxed{111}", "\\boxed{166}"),
+             ("\\boxed{376}", "\\boxed{367}"),
+             ("\\boxed{170}", "\\boxed{1170}"),
+             ("\\boxed{33}", "\\boxed{34}"),
+             ("\\boxed{056}", "\\boxed{120}")],
+    "amc": [("\\boxed{330}", "\\boxed{385}"),
+            ("\\boxed{117}", "\\boxed{171}"),
+            ("\\boxed{6}", "\\boxed{5}"),
+            ("\\boxed{\\frac{17}{4}}", "\\boxed{4.5}"),
+            ("\\boxed{7}", "\\boxed{16}")],
+}
+
+
+def fixture(name: str) -> Path:
+    return FIXTURES / f"{name}.jsonl"
+
+
+def raw_rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in fixture(name).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+# ----------------------------------------------------------------------------- loading
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_prompts_and_gold_answers(name):
+    problems = load_file(str(fixture(name)))
+    rows = raw_rows(name)
+    assert 4 <= len(problems) <= 6 and len(problems) == len(rows)
+    assert all(isinstance(p, Problem) for p in problems)
+    assert [p.prompt for p in problems] == [r[PROMPT_FIELD[name]] for r in rows]
+    assert [p.answer for p in problems] == GOLD[name]
+
+
+def test_fixture_schemas_are_the_real_ones():
+    gsm8k, math500, aime, amc = (raw_rows(n) for n in NAMES)
+    assert all(set(r) == {"question", "answer"} and "\n#### " in r["answer"] for r in gsm8k)
+    assert any(r["answer"].endswith("#### 1,200") for r in gsm8k)
+    assert all(set(r) == {"problem", "solution", "answer", "subject", "level", "unique_id"}
+               and "\\boxed{" in r["solution"] for r in math500)
+    assert all({"id", "problem", "answer", "year"} <= set(r) <= {"id", "problem", "answer", "url",
+                                                                  "year"} for r in aime)
+    assert {type(r["answer"]) for r in aime} == {int, str}  # both spellings of AIME answers
+    assert all(int(r["answer"]) in range(1000) for r in aime)
+    assert all({"question", "answer"} <= set(r) <= {"question", "answer", "id"}
+               and isinstance(r["answer"], float) for r in amc)
+
+
+def test_first_prompt_and_answer_fields_win(tmp_path):
+    path = tmp_path / "fields.jsonl"
+    rows = [{"prompt": "p", "problem": "no", "question": "no", "answer": "1", "ground_truth": "2",
+             "solution": "\\boxed{3}"},
+            {"problem": "p2", "question": "no", "ground_truth": "2", "solution": "\\boxed{3}"},
+            {"question": "p3", "solution": "So $x = \\boxed{\\frac{1}{2}}$."},
+            {"question": "p4", "answer": 7}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert load_file(str(path)) == [Problem("p", "1"), Problem("p2", "2"),
+                                    Problem("p3", "\\frac{1}{2}"), Problem("p4", "7")]
+
+
+def _columns_of_one_type(rows: list[dict]) -> list[dict]:
+    """Parquet columns hold one type: a column mixing ints and strings (AIME) is stored as strings,
+    which load_file turns into the same gold strings (str(33) == "33")."""
+    keys = {k for r in rows for k in r}
+    mixed = {k for k in keys if len({type(r[k]) for r in rows if k in r}) > 1}
+    return [{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_json_list_and_parquet_copies_load_the_same(name, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    expected = load_file(str(fixture(name)))
+    rows = raw_rows(name)
+
+    as_json = tmp_path / f"{name}.json"
+    as_json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    assert load_file(str(as_json)) == expected
+
+    as_parquet = tmp_path / f"{name}.parquet"
+    pq.write_table(pa.Table.from_pylist(_columns_of_one_type(rows)), as_parquet)
+    assert load_file(str(as_parquet)) == expected
+
+
+def test_parquet_keeps_float_and_int_answer_columns(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "typed.parquet"
+    table = pa.table({"question": ["a", "b"], "answer": pa.array([142.0, 4.25], pa.float64()),
+                      "year": pa.array([2023, 2023], pa.int64())})
+    pq.write_table(table, path)
+    assert [p.answer for p in load_file(str(path))] == ["142.0", "4.25"]
+    path2 = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"problem": ["a"], "answer": pa.array([33], pa.int64())}), path2)
+    assert load_file(str(path2)) == [Problem("a", "33")]
+
+
+# ----------------------------------------------------------------------------- errors
+
+def _write(tmp_path, filename: str, text: str) -> str:
+    path = tmp_path / filename
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _copy_fixture_with(tmp_path, name: str, line_no: int, new_line: str) -> str:
+    """The fixture with its line `line_no` (from 1) replaced by `new_line`."""
+    lines = fixture(name).read_text(encoding="utf-8").splitlines()
+    lines[line_no - 1] = new_line
+    return _write(tmp_path, f"{name}.jsonl", "\n".join(lines) + "\n")
+
+
+def test_bad_json_line_names_file_and_line(tmp_path):
+    path = _copy_fixture_with(tmp_path, "gsm8k", 3, '{"question": "Q", "answer": "#### 3"')
+    with pytest.raises(DataError, match=r"gsm8k\.jsonl:3: not valid JSON .*one JSON object"):
+        load_file(path)
+
+
+def test_blank_lines_are_skipped_but_counted(tmp_path):
+    path = _write(tmp_path, "blank.jsonl",
+                  '{"question": "a", "answer": "#### 1"}\n\n   \n{"question": "b"}\n')
+    with pytest.raises(DataError, match=r"blank\.jsonl:4: missing field"):
+        load_file(path)
+
+
+def test_bad_json_in_json_list_names_the_line(tmp_path):
+    path = _write(tmp_path, "bad.json", '[\n  {"problem": "a", "answer": "1"},\n  {"problem": }\n]')
+    with pytest.raises(DataError, match=r"bad\.json:3: not valid JSON"):
+        load_file(path)
+
+
+def test_missing_answer_field_lists_what_the_row_has(tmp_path):
+    path = _copy_fixture_with(tmp_path, "aime", 2, json.dumps(
+        {"id": 91, "problem": "Find x.", "Answer": 376, "year": 2024}))
+    with pytest.raises(DataError) as info:
+        load_file(path)
+    message = str(info.value)
+    assert f"{path}:2:" in message
+    assert "missing field: expected one of answer, ground_truth, solution" in message
+    assert message.endswith("the line has Answer, id, problem, year")
+
+
+def test_missing_prompt_field_lists_what_the_row_has(tmp_path):
+    path = _copy_fixture_with(tmp_path, "amc", 5, json.dumps({"id": 4, "text": "Q?", "answer": 7.0}))
+    with pytest.raises(DataError, match=r"amc\.jsonl:5: missing field: expected one of prompt, "
+                                        r"problem, question; the line has answer, id, text$"):
+        load_file(path)
+
+
+def test_empty_object_row_says_it_has_no_fields(tmp_path):
+    path = _write(tmp_path, "empty_row.jsonl", "{}\n")
+    with pytest.raises(DataError, match=r"empty_row\.jsonl:1: missing field: .*no fields"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("value", ['""', '"   "', "true", "[1]", "NaN"])
+def test_empty_or_non_text_field_is_named(tmp_path, value):
+    path = _write(tmp_path, "v.jsonl",
+                  '{"question": "a", "answer": "1"}\n{"question": "b", "answer": ' + value + "}\n")
+    with pytest.raises(DataError, match=r"v\.jsonl:2: field 'answer' must be a non-empty string"):
+        load_file(path)
+
+
+def test_null_field_falls_back_to_the_next_name_as_in_parquet(tmp_path):
+    """pyarrow gives every row every column (None where the row had none), so a null is a missing field."""
+    rows = [{"problem": "a", "answer": "1", "solution": None}, {"problem": "b", "answer": None, "solution": "\\boxed{2}"}]
+    path = _write(tmp_path, "mixed.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert load_file(path) == [Problem("a", "1"), Problem("b", "2")]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    assert load_file(str(tmp_path / "mixed.parquet")) == [Problem("a", "1"), Problem("b", "2")]
+    with pytest.raises(DataError, match=r"nulls\.jsonl:1: missing field: expected one of answer"):
+        load_file(_write(tmp_path, "nulls.jsonl", '{"question": "a", "answer": null}\n'))
+
+
+@pytest.mark.parametrize("filename,text", [("empty.jsonl", ""), ("blank.jsonl", "\n  \n"),
+                                           ("empty.json", "[]")])
+def test_empty_file(tmp_path, filename, text):
+    path = _write(tmp_path, filename, text)
+    with pytest.raises(DataError, match=rf"{filename.replace('.', r'[.]')}: the dataset is empty"):
+        load_file(path)
+
+
+def test_empty_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"problem": pa.array([], pa.string()),
+                             "answer": pa.array([], pa.string())}), path)
+    with pytest.raises(DataError, match=r"empty\.parquet: the dataset is empty"):
+        load_file(str(path))
+
+
+@pytest.mark.parametrize("text", ['{"problem": "a", "answer": "1"}',
+                                  '{"data": [{"problem": "a", "answer": "1"}]}', '"text"'])
+def test_json_that_is_not_a_list(tmp_path, text):
+    path = _write(tmp_path, "obj.json", text)
+    with pytest.raises(DataError, match=r"obj\.json: expected a JSON list of objects"):
+        load_file(path)
+
+
+def test_non_object_row_in_jsonl(tmp_path):
+    path = _copy_fixture_with(tmp_path, "math500", 4, '["(2, -1)"]')
+    with pytest.raises(DataError, match=r"math500\.jsonl:4: expected a JSON object, got list"):
+        load_file(path)
+
+
+def test_non_object_row_in_json_list_names_the_row(tmp_path):
+    path = _write(tmp_path, "rows.json", json.dumps([{"problem": "a", "answer": "1"}, 42]))
+    with pytest.raises(DataError, match=r"rows\.json:2: expected a JSON object, got int"):
+        load_file(path)
+
+
+def test_missing_file(tmp_path):
+    path = str(tmp_path / "nowhere" / "aime25.jsonl")
+    with pytest.raises(DataError, match=r"aime25\.jsonl: no such file"):
+        load_file(path)
+    with pytest.raises(DataError, match=r"aime25\.jsonl: no such file"):
+        make_task(path)
+
+
+def test_directory_is_not_a_data_file(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_file(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- grading
+
+@pytest.fixture(scope="module")
+def tasks():
+    """One FileTask per fixture (each starts one math-verify worker), closed at the end."""
+    made = {name: make_task(str(fixture(name))) for name in NAMES}
+    yield made
+    for task in made.values():
+        task.grader.close()
+
+
+def _reference(name: str, gold: str) -> str:
+    if name == "gsm8k":
+        return f"Let me work it out step by step.\n#### {gold}"
+    return f"Working through the problem step by step, so the answer is \\boxed{{{gold}}}."
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_file_task_grades_reference_and_wrong_responses(tasks, name):
+    task = tasks[name]
+    assert task.problems == load_file(str(fixture(name)))
+    assert len(OTHER_FORMS[name]) == len(task.problems)
+    for problem, (other_form, wrong) in zip(task.problems, OTHER_FORMS[name]):
+        for response in (_reference(name, problem.answer), other_form):
+            verdict = task.grade(problem, response)
+            assert (verdict.reward, verdict.failure) == (1.0, ""), (problem.answer, response, verdict)
+            assert verdict.answer is not None
+        verdict = task.grade(problem, wrong)
+        assert (verdict.reward, verdict.failure) == (0.0, ""), (problem.answer, wrong, verdict)
+
+
+def test_file_task_scores_no_answer_as_zero(tasks):
+    task = tasks["aime"]
+    verdict = task.grade(task.problems[0], "I could not solve this one.")
+    assert verdict.reward == 0.0 and verdict.answer is None and verdict.failure == ""
+
+
+def test_gsm8k_thousands_separator_is_graded_as_a_number(tasks):
+    task = tasks["gsm8k"]
+    problem = task.problems[1]
+    assert problem.answer == "1,200"
+    for response in ("#### 1,200", "#### 1200", "\\boxed{1200}", "\\boxed{1,200}",
+                     "The library holds 1,200 books."):
+        verdict = task.grade(problem, response)
+        assert verdict.reward == 1.0 and verdict.answer == "1200", (response, verdict)
+    assert task.grade(problem, "#### 120").reward == 0.0
+
+
+def test_make_task_on_a_json_copy(tmp_path):
+    """make_task accepts a .json list copy too; its FileTask grades the same way."""
+    rows = raw_rows("amc")
+    path = tmp_path / "amc.json"
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    task = make_task(str(path))
+    try:
+        assert task.problems == load_file(str(fixture("amc")))
+        assert task.grade(task.problems[0], "\\boxed{330}").reward == 1.0
+    finally:
+        task.grader.close()
+
