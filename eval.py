@@ -132,18 +132,19 @@ def parse_args(argv=None):
         epilog="Every train.py Config field is accepted as well (python train.py --help); "
                "the flags above set the eval_* fields and replace the training flags of the same name.")
     parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file")
-    parser.add_argument("-n", "--samples", type=int, dest="eval_samples", help="samples per problem")
-    parser.add_argument("--k", type=_parser_for(list), dest="eval_k", help="pass@k values, e.g. 1,2,4,8")
-    parser.add_argument("--problems", type=int, dest="eval_problems",
+    parser.add_argument("-n", "--samples", type=int, dest="eval_samples", metavar="N", help="samples per problem")
+    parser.add_argument("--k", type=_parser_for(list), dest="eval_k", metavar="K,K", help="pass@k values, e.g. 1,2,4,8")
+    parser.add_argument("--problems", type=int, dest="eval_problems", metavar="P",
                         help="the first this many problems; 0 = all (default: all, or the --config's value)")
     parser.add_argument("--preset", choices=PRESETS, default="config",
                         help="config: the config's eval sampling; paper: temperature 0.6, top-p 0.95")
-    parser.add_argument("--temperature", type=float, dest="eval_temperature")
-    parser.add_argument("--top-p", type=float, dest="eval_top_p")
-    parser.add_argument("--max-chunks", type=int, dest="eval_max_chunks", help="Markovian chunk cap I")
+    parser.add_argument("--temperature", type=float, dest="eval_temperature", metavar="T")
+    parser.add_argument("--top-p", type=float, dest="eval_top_p", metavar="P")
+    parser.add_argument("--max-chunks", type=int, dest="eval_max_chunks", metavar="I", help="Markovian chunk cap I")
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True, dest="eval_greedy",
                         help="also score one greedy response per problem")
-    parser.add_argument("--batch-size", type=int, dest="eval_batch_size", help="sequences per generate call")
+    parser.add_argument("--batch-size", type=int, dest="eval_batch_size", metavar="S",
+                        help="sequences per generate call (the draws depend on it)")
     parser.add_argument("--out", default="", help="output folder (default runs/eval-<timestamp>)")
     parser.add_argument("--step", type=int, help="TensorBoard step (default: N of a checkpoints/step-N path, else 0)")
     args, rest = parser.parse_known_args(argv)
@@ -204,8 +205,10 @@ def write_results(args, cfg, settings: dict, metrics: dict, records: list[dict])
                  "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
                  "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
     (out / "summary.json").write_text(json.dumps({"metrics": metrics, "settings": described}, indent=1) + "\n")
-    name = Path(cfg.model).name
-    step = args.step if args.step is not None else int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
+    step = args.step
+    if step is None:
+        name = Path(cfg.model).name
+        step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
     with SummaryWriter(str(out)) as tb:
         for key, value in metrics.items():
             tb.add_scalar(key, value, step)

@@ -1,6 +1,8 @@
 """eval.py: SPEC §6 metrics on hand-made cases, and the stand-alone CLI end to end."""
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,19 @@ def test_cli_errors_name_the_problem(tmp_path):
         evaluation.main(["--data", str(tmp_path / "nope.jsonl")])
     with pytest.raises(SystemExit, match=r"eval_k=\[1, 8\]"):
         evaluation.main(["-n", "4", "--k", "1,8"])
+
+
+def test_torchrun_eval_of_a_benchmark_file_matches_one_process(tmp_path):
+    """math-verify grading inside 2 torchrun workers, and the ranks' records gathered in order:
+    the same per-problem results as one process."""
+    args = ["--data", str(ROOT / "tests" / "fixtures" / "math500.jsonl"), "-n", "3", "--k", "1,3",
+            "--max-new-tokens", "16", "--batch-size", "6"]  # 2 problems per generate call: 3 batches
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "eval.py", *args,
+           "--out", str(tmp_path / "two")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    one, records = run_eval([*args, "--out", str(tmp_path / "one")])
+    assert two["metrics"] == one["metrics"] and one["metrics"]["eval/grader_failures"] == 0
+    assert (tmp_path / "two" / "problems.jsonl").read_text() == (tmp_path / "one" / "problems.jsonl").read_text()
+    assert [r["gold"] for r in records][:2] == ["\\frac{7}{12}", "3\\sqrt{2}"]
