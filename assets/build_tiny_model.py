@@ -5,13 +5,17 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
     python assets/build_tiny_model.py            # rewrites assets/tiny-running-sum/
     python assets/build_tiny_model.py --init assets/tiny-running-sum --out assets/tiny-running-sum-long \
         --min-terms 2 --max-terms 12 --max-new-tokens 160 --lr 1e-3 --max-steps 2000 --eval-every 250 \
-        --target 1.01      # the long-sum model of configs/tiny_delethink.yaml: 2000 steps on from the first
+        --target 1.01      # the long-sum model: 2000 steps on from the first
+    python assets/build_tiny_model.py --init assets/tiny-running-sum-long --out assets/tiny-running-sum-markov \
+        --min-terms 2 --max-terms 12 --chunk 32 --carryover 21 --eval-terms 6,7 --max-new-tokens 100 \
+        --lr 1e-3 --max-steps STEPS --eval-every 250 --target 1.01   # configs/tiny_delethink.yaml's model
 
 Deterministic: every random choice is seeded, and the run uses one CPU thread.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import sys
@@ -24,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model import ResponseLogProbs, load_tokenizer  # noqa: E402
 from rewards import RunningSumTask  # noqa: E402
-from rollout import Episode, Sampling, collate, encode_prompts, generate  # noqa: E402
+from rollout import Chunk, Chunking, Sampling, collate, encode_prompts, generate  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
@@ -54,9 +58,26 @@ def build_model(vocab_size: int, seed: int, hidden: int = 96, layers: int = 3) -
     return LlamaForCausalLM(config)
 
 
-def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int) -> float:
-    eps = generate(lm, tok, problems, prompt_ids, group_size=1,
-                   sampling=Sampling(temperature=1.0, max_new_tokens=max_new_tokens))
+def markov_rows(query: list[int], solution: list[int], chunk: int, carryover: int) -> list[Chunk]:
+    """The reference solution cut as a Delethink rollout would write it (SPEC §5, head h = 0):
+    chunk 1 is q -> the first C tokens, every later chunk q ⧺ the last m tokens -> C − m more.
+    q = [1], solution 1..7, C 4, m 2 -> [1]->1234, [1]34->56, [1]56->7."""
+    rows, written = [Chunk(query, solution[:chunk])], solution[:chunk]
+    while len(written) < len(solution):
+        new = solution[len(written):len(written) + chunk - carryover]
+        rows.append(Chunk(query + written[len(written) - carryover:], new))
+        written = written + new
+    return rows
+
+
+def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, chunk: int, carryover: int) -> float:
+    """Sampled at temperature 1; with chunk > 0 in Delethink chunks, as many as max_new_tokens needs."""
+    chunking, budget = Chunking(), max_new_tokens
+    if chunk:
+        chunking = Chunking(carryover, 0, 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover)))
+        budget = chunk
+    eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
+                   sampling=Sampling(temperature=1.0, max_new_tokens=budget))
     return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps)
 
 
@@ -74,6 +95,10 @@ def main() -> None:
     ap.add_argument("--min-terms", type=int, default=3, help="fewest integers in a sum")
     ap.add_argument("--max-terms", type=int, default=5, help="most integers in a sum")
     ap.add_argument("--max-new-tokens", type=int, default=80, help="response budget at the checks")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="C > 0: train on Delethink rows of the reference (Markovian SFT), check in chunks")
+    ap.add_argument("--carryover", type=int, default=0, help="m: tokens carried into each next chunk")
+    ap.add_argument("--eval-terms", default="", help="min,max terms of the check problems (default: as trained)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -82,12 +107,15 @@ def main() -> None:
     tok = load_tokenizer(str(tmp))
     lm = (LlamaForCausalLM.from_pretrained(args.init) if args.init
           else build_model(len(tok), args.seed, args.hidden, args.layers))
+    if args.chunk and not 0 < args.carryover < args.chunk:
+        ap.error("--chunk needs 0 < --carryover < --chunk")
     task = RunningSumTask(args.min_terms, args.max_terms)
+    eval_task = RunningSumTask(*map(int, args.eval_terms.split(","))) if args.eval_terms else task
     rng = random.Random(args.seed)
     # The SFT problems come from their own stream, so they overlap RL's train split only by chance
     # and never its held-out split (seeded differently, and RL's held-out is what we report).
     eval_rng = random.Random("sft-eval")
-    eval_problems = [task.sample(eval_rng)[0] for _ in range(300)]
+    eval_problems = [eval_task.sample(eval_rng)[0] for _ in range(300)]
     eval_ids = encode_prompts(tok, eval_problems, chat_template=True)
     scorer = ResponseLogProbs(lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -95,11 +123,11 @@ def main() -> None:
     for step in range(1, args.max_steps + 1):
         samples = [task.sample(rng) for _ in range(64)]
         problems = [p for p, _ in samples]
-        eps = [Episode(prompt_ids=ids, truncated=False, group=i, problem=p, text="",
-                       response_ids=tok(RunningSumTask.solution(t), add_special_tokens=False)
-                       ["input_ids"] + [tok.eos_token_id])
-               for i, (ids, (p, t)) in enumerate(zip(encode_prompts(tok, problems, True), samples))]
-        b = collate(eps, tok.pad_token_id, "cpu")
+        rows = []
+        for ids, (p, t) in zip(encode_prompts(tok, problems, True), samples):
+            solution = tok(RunningSumTask.solution(t), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            rows += markov_rows(ids, solution, args.chunk, args.carryover) if args.chunk else [Chunk(ids, solution)]
+        b = collate(rows, tok.pad_token_id, "cpu")
         lm.train()
         logp = scorer(b.input_ids, b.attention_mask, b.position_ids, b.response_mask, 1.0)["logp"]
         loss = -(logp.sum() / b.response_mask.sum())
@@ -109,7 +137,8 @@ def main() -> None:
         opt.step()
         if step % args.eval_every == 0:
             torch.manual_seed(args.seed + step)
-            acc = heldout_accuracy(lm, tok, task, eval_problems, eval_ids, args.max_new_tokens)
+            acc = heldout_accuracy(lm, tok, eval_task, eval_problems, eval_ids, args.max_new_tokens,
+                                   args.chunk, args.carryover)
             print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}", flush=True)
             if acc >= args.target:
                 break

@@ -60,8 +60,8 @@ def scaling(model: str, terms: tuple[int, int], caps: list[int], problems: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tts-terms", default="5,5", help="fewest,most terms of the test-time-scaling problems")
-    parser.add_argument("--tts-caps", default="6,8,10,12", help="chunk caps I to evaluate them with")
+    parser.add_argument("--tts-terms", default="8,8", help="fewest,most terms of the test-time-scaling problems")
+    parser.add_argument("--tts-caps", default="7,9,11,13", help="chunk caps I to evaluate them with")
     parser.add_argument("--tts-problems", type=int, default=200)
     parser.add_argument("--tts-samples", type=int, default=4)
     args = parser.parse_args()

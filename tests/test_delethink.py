@@ -74,6 +74,18 @@ def test_spec_worked_example():
     assert not e4.truncated and len(e4.response_ids) == 20
 
 
+def test_markovian_sft_rows_are_the_chunks_a_rollout_of_the_reference_writes():
+    """assets/build_tiny_model.py --chunk trains on markov_rows; a Delethink rollout whose model
+    writes exactly the reference (the scripted count g1..g19, EOS) produces the same rows."""
+    from build_tiny_model import markov_rows
+    reference = g(*range(1, 20)) + [EOS]
+    (e,) = rollout(ScriptedLM(length=20), c=8, m=3, h=0, cap=10)
+    assert markov_rows(Q, reference, 8, 3) == e.chunks
+    assert [len(ch.response_ids) for ch in e.chunks] == [8, 5, 5, 2]
+    assert markov_rows([1], [1, 2, 3, 4, 5, 6, 7], 4, 2) == [  # the docstring example
+        Chunk([1], [1, 2, 3, 4]), Chunk([1, 3, 4], [5, 6]), Chunk([1, 5, 6], [7])]
+
+
 def test_head_of_chunk_one_is_kept():
     """h = 2: every later prompt is q ⧺ g1 g2 ⧺ the trace's last m − h = 2 tokens."""
     (e,) = rollout(ScriptedLM(length=30), c=8, m=4, h=2, cap=3)
