@@ -8,7 +8,7 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
         --target 1.01      # the long-sum model: 2000 steps on from the first
     python assets/build_tiny_model.py --init assets/tiny-running-sum-long --out assets/tiny-running-sum-markov \
         --min-terms 2 --max-terms 12 --chunk 32 --carryover 21 --eval-terms 6,7 --max-new-tokens 100 \
-        --lr 1e-3 --max-steps STEPS --eval-every 250 --target 1.01   # configs/tiny_delethink.yaml's model
+        --lr 1e-3 --max-steps 750 --eval-every 250 --target 1.01    # configs/tiny_delethink.yaml's model
 
 Deterministic: every random choice is seeded, and the run uses one CPU thread.
 """
