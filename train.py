@@ -251,6 +251,9 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.precision in ("auto", "fp32", "bf16"), "precision must be auto, fp32 or bf16"),
         (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= budget(cfg),
          f"overlong_cache must be in (0, {budget(cfg)}] (the response budget)"),
+        (not cfg.eval_data or cfg.data not in BUILTIN_TASKS,
+         f"--eval-data is the held-out file of a file task; --data {cfg.data} is built in and is "
+         f"graded by its own rules on its own held-out split: drop --eval-data, or train on a file"),
         (cfg.data in BUILTIN_TASKS or cfg.eval_data or cfg.eval_every == 0,
          f"--data {cfg.data} is a file: give --eval-data FILE for held-out eval, "
          f"or --eval-every 0"),

@@ -45,6 +45,7 @@ def test_config_errors(tmp_path, monkeypatch):
     cfg.write_text("lr: fast\n")
     assert "field lr: 'fast' is not a float" in run_main(["--config", str(cfg)])
     assert "--eval-data" in run_main(["--data", str(cfg)])  # a file needs a held-out file
+    assert "--data running_sum is built in" in run_main(["--eval-data", str(cfg)])  # not its grader
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert "prompts_per_step=16 must be divisible by the 3 ranks" in run_main([])
     monkeypatch.delenv("WORLD_SIZE")
