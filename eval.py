@@ -98,25 +98,29 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_call = max(1, batch_size // n)
-    starts = list(range(0, len(problems), per_call))
-    mine = [(b, s) for b, s in enumerate(starts) if b % world == rank]
-    records = {}
+    mine = [(b, s) for b, s in enumerate(range(0, len(problems), per_call)) if b % world == rank]
+    samples, best = {}, {}  # problem index -> its graded samples / its graded greedy response
     for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
         batch = problems[start:start + per_call]
-        prompt_ids = encode_prompts(tokenizer, batch, chat_template)
         torch.manual_seed(seed + b)
-        episodes = generate(lm, tokenizer, batch, prompt_ids, group_size=n, sampling=sampling, chunking=chunking)
-        best = (generate(lm, tokenizer, batch, prompt_ids, group_size=1, chunking=chunking,
-                         sampling=Sampling(temperature=0.0, max_new_tokens=sampling.max_new_tokens))
-                if greedy else [None] * len(batch))
-        for j, problem in enumerate(batch):
-            samples = [graded(task, e) for e in episodes[j * n:(j + 1) * n]]
-            records[start + j] = problem_record(problem, samples, ks, graded(task, best[j]) if greedy else None)
+        episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
+                            group_size=n, sampling=sampling, chunking=chunking)
+        for j in range(len(batch)):
+            samples[start + j] = [graded(task, e) for e in episodes[j * n:(j + 1) * n]]
+    # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
+    for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
+        if b % world == rank:
+            batch = problems[start:start + batch_size]
+            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
+                                sampling=Sampling(temperature=0.0, max_new_tokens=sampling.max_new_tokens),
+                                chunking=chunking)
+            best.update({start + j: graded(task, e) for j, e in enumerate(episodes)})
     if world > 1:
         parts = [None] * world
-        dist.all_gather_object(parts, records)
-        records = {i: r for part in parts for i, r in part.items()}
-    ordered = [records[i] for i in range(len(problems))]
+        dist.all_gather_object(parts, (samples, best))
+        samples = {i: x for part, _ in parts for i, x in part.items()}
+        best = {i: x for _, part in parts for i, x in part.items()}
+    ordered = [problem_record(p, samples[i], ks, best.get(i)) for i, p in enumerate(problems)]
     return summarize(ordered, ks), ordered
 
 

@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--carryover", type=int, default=0, help="m: tokens carried into each next chunk")
     ap.add_argument("--eval-terms", default="", help="min,max terms of the check problems (default: as trained)")
     args = ap.parse_args()
+    if args.chunk and not 0 < args.carryover < args.chunk:
+        ap.error("--chunk needs 0 < --carryover < --chunk")
     torch.set_num_threads(1)
 
     tmp = Path(args.out).with_suffix(".tmp")
@@ -107,8 +109,6 @@ def main() -> None:
     tok = load_tokenizer(str(tmp))
     lm = (LlamaForCausalLM.from_pretrained(args.init) if args.init
           else build_model(len(tok), args.seed, args.hidden, args.layers))
-    if args.chunk and not 0 < args.carryover < args.chunk:
-        ap.error("--chunk needs 0 < --carryover < --chunk")
     task = RunningSumTask(args.min_terms, args.max_terms)
     eval_task = RunningSumTask(*map(int, args.eval_terms.split(","))) if args.eval_terms else task
     rng = random.Random(args.seed)
