@@ -8,6 +8,8 @@ nothing is inherited from the checkpoint's generation_config (model.load_model r
 """
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -75,9 +77,9 @@ def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> l
     return out
 
 
-def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[list[int]], pad_id: int, device, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """[[5, 6], [7]] -> ids [[5, 6], [pad, 7]], mask [[1, 1], [0, 1]]."""
-    width = max(len(r) for r in rows)
+    width = max(width, *map(len, rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
@@ -100,22 +102,50 @@ class Chunking:
         return chunk_size + (self.max_chunks - 1) * (chunk_size - self.carryover)
 
 
-@torch.no_grad()
-def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling) -> list[list[int]]:
-    """One batched generate call over left-padded prompts -> each row's new tokens, cut after
-    the first EOS (a row without EOS has sampling.max_new_tokens of them)."""
+@contextmanager
+def inference(lm):
+    """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
+    was_training = lm.training
+    lm.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        lm.train(was_training)
+
+
+def prefill(lm, rows: list[list[int]], pad_id: int, width: int):
+    """The KV cache of the rows left-padded to `width`, with the positions generate gives them
+    (0 at each row's first real token), for generate to continue from."""
+    ids, mask = left_pad(rows, pad_id, next(lm.parameters()).device, width)
+    with inference(lm):
+        return lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                  use_cache=True, logits_to_keep=1).past_key_values
+
+
+def cache_rows(cache, rows: list[int]):
+    """A copy of a KV cache with only the given batch rows (generate appends to the cache it gets)."""
+    cache = copy.deepcopy(cache)
+    cache.batch_select_indices(torch.tensor(rows))
+    return cache
+
+
+def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
+           cache=None) -> list[list[int]]:
+    """One batched generate call over prompts left-padded to at least `width` -> each row's new
+    tokens, cut after the first EOS (a row without EOS has sampling.max_new_tokens of them).
+    `cache`: the KV cache of the padded prompts' first columns, which are then not re-read."""
     device = next(lm.parameters()).device
-    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device)
+    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
     greedy = sampling.temperature == 0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
         max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, use_cache=True)
-    was_training = lm.training
-    lm.eval()  # dropout off; HF also turns the KV cache off in train mode with checkpointing
-    out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-    lm.train(was_training)
+    with inference(lm):
+        out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                          **({} if cache is None else {"past_key_values": cache}))
     new = []
     for resp in out[:, input_ids.shape[1]:].tolist():
         eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
@@ -135,6 +165,8 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
     goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the trace's
     last m − h tokens (token ids, no re-tokenisation), and it writes up to C − m more,
     so no context exceeds |q| + C. One generate call per chunk round, over the traces still going.
+    A trace's later prompts all start with the same q ⧺ head at the same positions, so its KV
+    cache is computed once, after chunk 1, and each round prefills only the m − h tail tokens.
     """
     eos, c = tokenizer.eos_token_id, sampling.max_new_tokens
     h, tail = chunking.head, chunking.carryover - chunking.head
@@ -142,6 +174,7 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
     chunks = [[] for _ in queries]
     written = [[] for _ in queries]  # each trace's generated tokens so far
     going = list(range(len(queries)))
+    width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
     for k in range(chunking.max_chunks):
         if not going:
             break
@@ -149,7 +182,14 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
         prompts = [queries[i] + written[i][:h] + written[i][len(written[i]) - tail:] if k else queries[i]
                    for i in going]
         budget = c if k == 0 else c - chunking.carryover
-        new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget))
+        cache = None
+        if k and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
+            if k == 1:
+                prefix = prefill(lm, [p[:len(p) - tail] for p in prompts], tokenizer.pad_token_id, width)
+                row = {i: r for r, i in enumerate(going)}
+            cache = cache_rows(prefix, [row[i] for i in going])
+        new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget),
+                            width=width + tail if k else 0, cache=cache)
         for i, prompt, new in zip(going, prompts, new_tokens):
             chunks[i].append(Chunk(prompt, new))
             written[i] += new

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import algos
 from model import load_model, load_tokenizer
@@ -19,19 +20,25 @@ EOS, PAD = 1, 0
 class ScriptedLM(torch.nn.Module):
     """Stands in for a causal LM: continues the count g1, g2, ... (ids 101, 102, ...) from the
     last g-token of its prompt (or from g1 after a bare query) and writes EOS as token number
-    `length` of the trace. Records every prompt it is fed and every budget."""
+    `length` of the trace. Records every prompt it is fed, every budget, whether a prefix cache
+    came with it, and every prefix rollout.prefill computes (their caches are empty stand-ins)."""
 
     def __init__(self, length: int):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.length, self.calls = length, []
+        self.length, self.calls, self.prefills = length, [], []
 
-    def generate(self, input_ids, attention_mask, generation_config):
+    def forward(self, input_ids, attention_mask, **_):
+        self.prefills.append([[t for t, m in zip(ids, mask) if m]
+                              for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())])
+        return SimpleNamespace(past_key_values=DynamicCache())
+
+    def generate(self, input_ids, attention_mask, generation_config, past_key_values=None):
         budget = generation_config.max_new_tokens
         rows = []
         for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
             prompt = [t for t, m in zip(ids, mask) if m]
-            self.calls.append((prompt, budget))
+            self.calls.append((prompt, budget, past_key_values is not None))
             nxt = prompt[-1] + 1 if prompt[-1] > 100 else 101
             new = []
             while len(new) < budget:
@@ -64,7 +71,8 @@ def test_spec_worked_example():
     (e,) = rollout(lm, c=8, m=4, h=0, cap=3)
     assert [(ch.prompt_ids, ch.response_ids) for ch in e.chunks] == [
         (Q, g(*range(1, 9))), (Q + g(5, 6, 7, 8), g(9, 10, 11, 12)), (Q + g(9, 10, 11, 12), g(13, 14, 15, 16))]
-    assert [budget for _, budget in lm.calls] == [8, 4, 4]
+    assert [(budget, cached) for _, budget, cached in lm.calls] == [(8, False), (4, True), (4, True)]
+    assert lm.prefills == [[Q]]  # the q ⧺ head block (h = 0), prefilled once, after chunk 1
     assert e.response_ids == g(*range(1, 17)) and e.truncated  # cut at the budget, 8 + 2·4 = 16
     assert Chunking(4, 0, 3).budget(8) == 16
     assert e.text == " ".join(map(str, g(*range(9, 17))))  # the carried tokens ⧺ the last chunk
@@ -88,8 +96,45 @@ def test_markovian_sft_rows_are_the_chunks_a_rollout_of_the_reference_writes():
 
 def test_head_of_chunk_one_is_kept():
     """h = 2: every later prompt is q ⧺ g1 g2 ⧺ the trace's last m − h = 2 tokens."""
-    (e,) = rollout(ScriptedLM(length=30), c=8, m=4, h=2, cap=3)
+    lm = ScriptedLM(length=30)
+    (e,) = rollout(lm, c=8, m=4, h=2, cap=3)
     assert [ch.prompt_ids for ch in e.chunks] == [Q, Q + g(1, 2, 7, 8), Q + g(1, 2, 11, 12)]
+    assert lm.prefills == [[Q + g(1, 2)]]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_query_cache_changes_no_token(arch):
+    """Later chunks reuse the q ⧺ head KV cache computed after chunk 1 (left-padded queries of
+    several lengths, traces leaving the batch in different rounds): greedy, every chunk is exactly
+    what a plain generate call writes from that chunk's prompt alone, with no padding and no cache."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    config, cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    torch.manual_seed(0)
+    lm = cls(config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                    initializer_range=0.3)).eval()  # sharp logits: no near-ties, few repeats
+    rng = random.Random(0)
+    queries = [[rng.randrange(2, 64) for _ in range(n)] for n in (3, 9, 5, 12, 7, 4)]
+    c, m, h, cap = 10, 6, 2, 4
+
+    def chunked(eos):
+        tok = SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, skip_special_tokens: "")
+        return generate(lm, tok, [Problem("p", "0")] * len(queries), queries, group_size=1,
+                        sampling=Sampling(temperature=0, max_new_tokens=c),
+                        chunking=Chunking(carryover=m, head=h, max_chunks=cap))
+
+    # EOS = a token trace 0 first writes in its third chunk, so traces stop in different rounds.
+    trace = chunked(eos=10_000)[0].response_ids
+    eos = next(t for t in trace[c + (c - m):] if t not in trace[:c + (c - m)])
+    eps = chunked(eos)
+    assert len({len(e.chunks) for e in eps}) > 1 and len(eps[0].chunks) == 3
+    for e in eps:
+        for k, ch in enumerate(e.chunks):
+            ids = torch.tensor([ch.prompt_ids])  # (it may hold the pad id: the model writes it too)
+            out = lm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              eos_token_id=eos, pad_token_id=PAD, max_new_tokens=c if k == 0 else c - m)
+            alone = out[0, len(ch.prompt_ids):].tolist()
+            assert ch.response_ids == (alone[:alone.index(eos) + 1] if eos in alone else alone)
 
 
 def test_plain_rollout_is_one_chunk():
