@@ -55,10 +55,12 @@ def majority(samples: list[dict]) -> tuple[str | None, float]:
     return top, next(s["reward"] for s in samples if s["answer"] == top)
 
 
-def graded(task, episode) -> dict:
+def graded(task, episode, tokenizer) -> dict:
+    """A response's record; a trace of several chunks also keeps what each chunk wrote."""
     verdict = task.grade(episode.problem, episode.text)
     return {"response": episode.text, "answer": verdict.answer, "reward": verdict.reward,
-            "failure": verdict.failure, "length": len(episode.response_ids), "truncated": episode.truncated}
+            "failure": verdict.failure, "length": len(episode.response_ids), "truncated": episode.truncated,
+            **({"chunks": episode.chunk_texts(tokenizer)} if len(episode.chunks) > 1 else {})}
 
 
 def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
@@ -106,7 +108,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
         episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
                             group_size=n, sampling=sampling, chunking=chunking)
         for j in range(len(batch)):
-            samples[start + j] = [graded(task, e) for e in episodes[j * n:(j + 1) * n]]
+            samples[start + j] = [graded(task, e, tokenizer) for e in episodes[j * n:(j + 1) * n]]
     # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
     for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
         if b % world == rank:
@@ -114,7 +116,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
             episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
                                 sampling=Sampling(temperature=0.0, max_new_tokens=sampling.max_new_tokens),
                                 chunking=chunking)
-            best.update({start + j: graded(task, e) for j, e in enumerate(episodes)})
+            best.update({start + j: graded(task, e, tokenizer) for j, e in enumerate(episodes)})
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, (samples, best))

@@ -48,6 +48,10 @@ class Episode:
     advantage: float = 0.0  # set by the algorithm before the update
     chunks: list[Chunk] = field(default_factory=list)  # one per generate call (rollout order)
 
+    def chunk_texts(self, tokenizer) -> list[str]:
+        """What each chunk wrote, for logs (a Markovian trace's `text` is only its tail)."""
+        return [tokenizer.decode(ch.response_ids, skip_special_tokens=True) for ch in self.chunks]
+
     def rows(self) -> list[Chunk]:
         """What the update trains on: each chunk with its exact prompt; a hand-made episode
         without chunks is one row, its prompt and whole response."""

@@ -591,8 +591,8 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
 class Logger:
     """Rank 0 writes metrics.jsonl, TensorBoard scalars and samples.jsonl; other ranks are silent."""
 
-    def __init__(self, out: Path, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, out: Path, enabled: bool, tokenizer):
+        self.enabled, self.tokenizer = enabled, tokenizer
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.metrics = (out / "metrics.jsonl").open("a")
@@ -608,8 +608,9 @@ class Logger:
         for k, v in metrics.items():
             self.tb.add_scalar(k, v, step)
         for e in samples:
+            chunks = {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {}
             self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
-                                           "response": e.text, "reward": e.reward}) + "\n")
+                                           "response": e.text, "reward": e.reward, **chunks}) + "\n")
             self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
         self.samples.flush()
         self.tb.flush()
@@ -675,7 +676,7 @@ def main(argv=None) -> None:
         say(rank, f"resumed at step {step} (prompt {data_pos}) from {cfg.resume}")
 
     stream = PromptStream(train_problems, cfg.seed)
-    logger = Logger(out, rank == 0)
+    logger = Logger(out, rank == 0, tokenizer)
 
     def run_eval():
         with autocast():

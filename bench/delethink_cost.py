@@ -3,19 +3,22 @@ peak memory and time per generated token at the same thinking length n = 2C, 4C,
 
     python bench/delethink_cost.py            # ~5 minutes on 2 CPU cores (tiny random Qwen2, fp32)
     python bench/delethink_cost.py --device cuda --dtype bf16 --preset qwen2.5-0.5b --chunk 512 --batch 64
-                                              # not yet run: written for a GPU
+                                              # for a GPU (not yet run: none was lent)
 
 C is the chunk size (--chunk). Every trace writes exactly n tokens (the stub tokenizer's EOS is an
 id the model cannot emit). LongCoT is one generate call of n tokens, so its KV cache grows to
 |q| + n. Delethink (rollout.generate with Chunking) uses carryover m = C/2, head h = 0 and
 I = 1 + 2(n − C)/C chunks, so its budget C + (I − 1)(C − m) is exactly n and no context exceeds
-|q| + C. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
+|q| + C; every chunk after the first reuses the query's KV cache and prefills only its m carried
+tokens. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
 
-Each (mode, n) is measured in two fresh processes, each after a few-token warm-up. Memory: the
+Each mode is timed in one fresh process, and each (mode, n)'s memory in another, each process
+after a few-token warm-up. Memory: the
 growth of max RSS over one generate call on CPU (Linux ru_maxrss, its watermark first reset to the
 current RSS through /proc/self/clear_refs, glibc's mmap threshold fixed at 64 KiB so that freed
 tensors leave RSS), torch.cuda.max_memory_allocated over the allocated memory before on CUDA.
-Time: the best of --repeats calls with the default allocator; per token = wall / n (one token of
+Time: the best call of each n, with the default allocator, from rounds that call every n in turn
+(at least --repeats rounds, and more until --min-seconds are spent); per token = wall / n (one token of
 every trace) and wall / (batch · n); on CPU also process CPU time / n, which leaves out the time the
 child waits for a core. Children use one CPU thread unless --threads says otherwise.
 """
@@ -145,24 +148,32 @@ def child(args) -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     # Warm-up through both code paths (one chunk, then a carried-over chunk) on 4-token chunks.
     run_once(lm=lm, tok=tok, mode="delethink", n=8, c=4, batch=args.batch)
-    peak, walls, cpus = Peak(args.device), [], []
-    # On CPU the first call of a growing cache is ~3x slower: glibc raises its mmap threshold one
-    # freed block at a time, so every ever-larger block is a fresh mmap that page-faults. The best
-    # of 2 is the steady state that a training loop, calling generate every step, sees.
-    for _ in range(args.repeats if args.child == "time" else 1):
-        sync()
-        t0, c0 = time.perf_counter(), time.process_time()
+    if args.child == "memory":
+        peak = Peak(args.device)
         run_once(lm=lm, tok=tok, mode=args.mode, n=args.n, c=args.chunk, batch=args.batch)
-        sync()
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    print(json.dumps({"peak": peak.extra(), "walls": walls, "cpus": cpus}))
+        print(json.dumps({"peak": peak.extra()}))
+        return
+    # Every n in turn, round after round: this machine has slow spells of several seconds, which
+    # then fall on all n alike. On CPU the first call of a growing cache is also ~3x slower (glibc
+    # raises its mmap threshold one freed block at a time, so every ever-larger block is a fresh
+    # mmap that page-faults): the best call is the steady state a training loop sees.
+    ns = [k * args.chunk for k in MULTIPLES]
+    walls, cpus = {n: [] for n in ns}, {n: [] for n in ns}
+    while len(walls[ns[0]]) < args.repeats or sum(map(sum, walls.values())) < args.min_seconds:
+        for n in ns:
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            run_once(lm=lm, tok=tok, mode=args.mode, n=n, c=args.chunk, batch=args.batch)
+            sync()
+            walls[n].append(time.perf_counter() - t0)
+            cpus[n].append(time.process_time() - c0)
+    print(json.dumps({"walls": walls, "cpus": cpus}))
 
 
-def spawn(args, *, what: str, mode: str, n: int) -> dict:
+def spawn(args, *, what: str, mode: str, n: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--child", what, "--mode", mode, "--n", str(n)]
-    for key in ("chunk", "batch", "device", "dtype", "preset", "repeats", "threads"):
-        cmd += [f"--{key}", str(getattr(args, key))]
+    for key in ("chunk", "batch", "device", "dtype", "preset", "repeats", "min_seconds", "threads"):
+        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     env = dict(os.environ)
     if what == "memory":
         # glibc's dynamic mmap threshold keeps freed KV tensors in a fragmenting brk heap, so max
@@ -175,13 +186,17 @@ def spawn(args, *, what: str, mode: str, n: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(args, *, mode: str, n: int) -> dict:
-    memory = spawn(args, what="memory", mode=mode, n=n)["peak"]
-    timed = spawn(args, what="time", mode=mode, n=n)
-    print(f"  {mode:9} n={n:5}: {memory / 2**20:7.1f} MiB, calls of "
-          f"{', '.join(f'{w:.1f}' for w in timed['walls'])} s wall, "
-          f"{', '.join(f'{c:.1f}' for c in timed['cpus'])} s CPU", file=sys.stderr, flush=True)
-    return {"mode": mode, "n": n, "peak": memory, "wall": min(timed["walls"]), "cpu": min(timed["cpus"])}
+def measure(args, *, mode: str) -> list[dict]:
+    timed, rows = spawn(args, what="time", mode=mode), []
+    for k in MULTIPLES:
+        n = k * args.chunk
+        memory = spawn(args, what="memory", mode=mode, n=n)["peak"]
+        walls, cpus = timed["walls"][str(n)], timed["cpus"][str(n)]
+        print(f"  {mode:9} n={n:5}: {memory / 2**20:7.1f} MiB, calls of "
+              f"{', '.join(f'{w:.1f}' for w in walls)} s wall, "
+              f"{', '.join(f'{c:.1f}' for c in cpus)} s CPU", file=sys.stderr, flush=True)
+        rows.append({"mode": mode, "n": n, "peak": memory, "wall": min(walls), "cpu": min(cpus)})
+    return rows
 
 
 def table(rows: list[dict], *, c: int, batch: int, cpu: bool) -> None:
@@ -224,7 +239,9 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--preset", choices=("tiny", "qwen2.5-0.5b"), default="tiny")
-    p.add_argument("--repeats", type=int, default=2, help="timed calls per (mode, n); the best counts")
+    p.add_argument("--repeats", type=int, default=2, help="timed calls per (mode, n) at least; the best counts")
+    p.add_argument("--min-seconds", type=float, default=60.0,
+                   help="...and more rounds over every n until a mode's calls took this long")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads in each child")
     p.add_argument("--child", choices=("memory", "time"), help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=("longcot", "delethink"), help=argparse.SUPPRESS)
@@ -235,8 +252,9 @@ def main() -> None:
     if args.child:
         return child(args)
     print(f"preset {args.preset}, {args.device} {args.dtype}, C={args.chunk}, batch {args.batch}, "
-          f"query {QUERY_LEN} tokens, Delethink m=C/2 h=0, best of {args.repeats}")
-    rows = [measure(args, mode=mode, n=k * args.chunk) for mode in ("delethink", "longcot") for k in MULTIPLES]
+          f"query {QUERY_LEN} tokens, Delethink m=C/2 h=0, best call of each n "
+          f"in ≥ {args.repeats} rounds and ≥ {args.min_seconds:g} s per mode")
+    rows = measure(args, mode="delethink") + measure(args, mode="longcot")
     table(rows, c=args.chunk, batch=args.batch, cpu=args.device == "cpu")
     summary(rows, cpu=args.device == "cpu")
 

@@ -85,6 +85,10 @@ def test_cli_markovian_eval_with_a_larger_chunk_cap(tmp_path):
     lengths = [x["length"] for r in records for x in r["samples"]]
     assert max(lengths) <= budget
     assert all(x["length"] == budget for r in records for x in r["samples"] if x["truncated"])
+    for x in (x for r in records for x in r["samples"]):  # a trace of L > C tokens took 1 + ⌈(L − 32) / 11⌉ chunks
+        assert len(x.get("chunks", [x["response"]])) == 1 + max(0, -(-(x["length"] - 32) // 11))
+        assert x["response"].endswith(x.get("chunks", [x["response"]])[-1])  # the grader read the tail
+    assert any("chunks" in x for r in records for x in r["samples"])
 
 
 def test_cli_errors_name_the_problem(tmp_path):

@@ -128,6 +128,10 @@ def test_torchrun_markovian_thinking(algo, tmp_path):
         # each chunk row is trained behind its own prompt: more than one prompt per trace
         assert x["tokens/trained"] > x["tokens/generated"] + x["update/rows"] * 20
     assert lines[2]["eval/length"] <= 32 + 5 * 16 and "eval/pass@2" in lines[2]
+    samples = [json.loads(x) for x in (tmp_path / algo / "samples.jsonl").read_text().splitlines()]
+    traces = [s["chunks"] for s in samples if "chunks" in s]  # what each chunk of a trace wrote
+    assert traces and all(2 <= len(t) <= 4 for t in traces)
+    assert all(s["response"].endswith(s["chunks"][-1]) for s in samples if "chunks" in s)
 
 
 def test_a_step_that_keeps_no_row_is_skipped_on_every_rank(random_model_dir, tmp_path):
