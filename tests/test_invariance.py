@@ -1,4 +1,5 @@
 """SPEC §0: one mini-batch gives the same update on 1 or 2 ranks, with 1 or 3 micro-batches."""
+import os
 import random
 from contextlib import nullcontext
 from dataclasses import replace
@@ -61,6 +62,10 @@ def _worker(rank, world, init_file, model_dir, cfg, out_file):
         torch.save({"params": params, "metrics": metrics}, out_file)
     dist.barrier()  # neither rank tears gloo down while the other still uses it
     dist.destroy_process_group()
+    # Skip interpreter teardown: a gloo thread still alive there once aborted rank 1 after its work
+    # was done ("terminate called without an active exception", SIGABRT; cf. pytorch/pytorch#179291),
+    # failing this test for a reason outside it.
+    os._exit(0)
 
 
 CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rloo", {"mini_batches": 2}),
