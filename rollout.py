@@ -149,7 +149,7 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
         pad_token_id=tokenizer.pad_token_id, use_cache=True)
     with inference(lm):
         out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          **({} if cache is None else {"past_key_values": cache}))
+                          past_key_values=cache)
     new = []
     for resp in out[:, input_ids.shape[1]:].tolist():
         eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
