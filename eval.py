@@ -7,8 +7,8 @@
     python eval.py --config configs/tiny_delethink.yaml --max-chunks 12    # test-time scaling
     torchrun --nproc_per_node 2 eval.py ...                                 # same numbers, 2 ranks
 
-`train.py` calls `evaluate` for its periodic eval with the settings of `train.eval_settings`, and
-this script builds the same Config (every train.py field is a flag here too), so the two never
+`train.py` calls `evaluate` for its periodic eval with the settings of `config.eval_settings`, and
+this script builds the same Config (every Config field is a flag here too), so the two never
 disagree. The draws do not depend on the number of ranks either: the problems are cut into fixed
 batches and batch b is sampled after torch.manual_seed(seed + b), whichever rank takes it.
 
@@ -130,8 +130,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
+    from config import _parser_for, parse_config
     from rewards import BUILTIN_TASKS, DataError
-    from train import _parser_for, parse_config  # here, not at the top: train.py imports this module
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -172,8 +172,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
+    from config import eval_settings, load_problems, validate
     from model import load_model, load_tokenizer
-    from train import autocast_context, eval_settings, load_problems, setup_distributed, validate
+    from parallel import autocast_context, compute_dtype, setup_distributed, teardown
 
     args, cfg = parse_args(argv)
     try:
@@ -183,17 +184,18 @@ def main(argv=None) -> None:
             raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    rank, world, device = setup_distributed()
+    cfg.parallel = "ddp"  # no training state to shard: each rank holds the model in the compute dtype
+    rank, world, device = setup_distributed(cfg)
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
-    lm = load_model(cfg.model, device=device, trust_remote_code=cfg.trust_remote_code, trainable=False)
+    lm = load_model(cfg.model, dtype=compute_dtype(cfg, device), device=device,
+                    trust_remote_code=cfg.trust_remote_code, trainable=False)
     settings = eval_settings(cfg)
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
         write_results(args, cfg, settings, metrics, records)
-    if world > 1:
-        dist.destroy_process_group()
+    teardown()
 
 
 def write_results(args, cfg, settings: dict, metrics: dict, records: list[dict]) -> None:

@@ -7,15 +7,15 @@ computed only at completion positions, from the decoder's last hidden state, in 
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
@@ -28,11 +28,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(path: str, *, dtype: str = "float32", device: str = "cpu",
+def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
                trust_remote_code: bool = False, gradient_checkpointing: bool = False,
                trainable: bool = True):
+    """A causal LM on `device`. Trainable: in train mode, so that HF's gradient checkpointing
+    engages (it only does in train mode), with every dropout off, so that the π_old and π_θ
+    forwards of the same weights are the same function. Frozen: eval mode, no gradients."""
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True)
+        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     model.to(device)
     # Sampling settings come only from our Config: a checkpoint's generation_config
     # (top_k=50, repetition_penalty, ...) would otherwise fill every knob we leave unset.
@@ -41,8 +44,13 @@ def load_model(path: str, *, dtype: str = "float32", device: str = "cpu",
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
-        model.eval().requires_grad_(False)
-    return model
+        return model.eval().requires_grad_(False)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):  # passed to the attention kernel
+            m.attention_dropout = 0.0
+    return model.train()
 
 
 def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, entropy_grad):
@@ -109,10 +117,14 @@ class ResponseLogProbs(nn.Module):
         return out
 
 
-def save_checkpoint(path: Path, *, model, tokenizer, trainer_state: dict) -> None:
-    """HF-loadable safetensors weights + tokenizer, and the trainer state for --resume."""
+def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict) -> None:
+    """An HF-loadable folder (config.json, model.safetensors with `weights`, the tokenizer) plus
+    the trainer state (step, data position, scheduler) for --resume."""
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    config = copy.deepcopy(config)
+    config.dtype = next(iter(weights.values())).dtype  # what from_pretrained(dtype="auto") loads
+    config.save_pretrained(path)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(path)
     torch.save(trainer_state, path / "trainer_state.pt")
 

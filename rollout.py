@@ -1,8 +1,8 @@
 """Batched generation -> Episodes, and Episodes -> padded training tensors.
 
-One `generate` call per rank per step covers all of the rank's prompts × G samples, left-padded,
-with the model in eval mode and the KV cache on; with Markovian thinking (`Chunking`, SPEC §5)
-one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
+One `generate` call per rank per step covers all of the rank's prompts × G samples (or batches of
+`rollout_batch_size` of them), left-padded, with the model in eval mode and the KV cache on; with
+Markovian thinking (`Chunking`, SPEC §5) one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
 generated from: they are the training rows. Every sampling knob is passed explicitly;
 nothing is inherited from the checkpoint's generation_config (model.load_model resets it).
 """
@@ -24,6 +24,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off (HF's own default would be 50)
     max_new_tokens: int = 64
+    prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
 
 
 @dataclass
@@ -118,13 +119,17 @@ def inference(lm):
         lm.train(was_training)
 
 
-def prefill(lm, rows: list[list[int]], pad_id: int, width: int):
+def prefill(lm, rows: list[list[int]], pad_id: int, width: int, chunk: int = 0):
     """The KV cache of the rows left-padded to `width`, with the positions generate gives them
-    (0 at each row's first real token), for generate to continue from."""
+    (0 at each row's first real token), for generate to continue from; `chunk` columns a forward."""
     ids, mask = left_pad(rows, pad_id, next(lm.parameters()).device, width)
+    positions, cache, step = (mask.cumsum(1) - 1).clamp(min=0), None, chunk or width
     with inference(lm):
-        return lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                  use_cache=True, logits_to_keep=1).past_key_values
+        for s in range(0, width, step):
+            cache = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+                       position_ids=positions[:, s:s + step], past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).past_key_values
+    return cache
 
 
 def cache_rows(cache, rows: list[int]):
@@ -146,10 +151,12 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
         max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, use_cache=True)
+        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=sampling.prefill_chunk or None)
     with inference(lm):
+        # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
+        # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
         out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          past_key_values=cache)
+                          past_key_values=cache, synced_gpus=False)
     new = []
     for resp in out[:, input_ids.shape[1]:].tolist():
         eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
@@ -159,11 +166,23 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
 
 def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
              group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
-             first_group: int = 0) -> list[Episode]:
-    """Sample group_size responses for each prompt, batched over all of them.
+             first_group: int = 0, batch_size: int = 0) -> list[Episode]:
+    """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
+    one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
 
     Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
     consecutive and carry group id first_group + j.
+    """
+    per_call = max(1, batch_size // group_size) if batch_size else max(1, len(problems))
+    return [e for s in range(0, len(problems), per_call)
+            for e in traces(lm, tokenizer, problems[s:s + per_call], prompt_ids[s:s + per_call],
+                            group_size=group_size, sampling=sampling, chunking=chunking,
+                            first_group=first_group + s)]
+
+
+def traces(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
+           group_size: int, sampling: Sampling, chunking: Chunking, first_group: int) -> list[Episode]:
+    """generate's work for one batch of prompts: every prompt × G in one generate call per chunk round.
 
     Markovian (SPEC §5): chunk 1 is q -> up to C tokens. A trace whose chunk ends without EOS
     goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the trace's
@@ -189,7 +208,8 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
         cache = None
         if k and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
             if k == 1:
-                prefix = prefill(lm, [p[:len(p) - tail] for p in prompts], tokenizer.pad_token_id, width)
+                prefix = prefill(lm, [p[:len(p) - tail] for p in prompts], tokenizer.pad_token_id, width,
+                                 sampling.prefill_chunk)
                 row = {i: r for r, i in enumerate(going)}
             cache = cache_rows(prefix, [row[i] for i in going])
         new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget),

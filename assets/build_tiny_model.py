@@ -36,10 +36,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per printable ASCII character (and newline), plus chat/pad/eos specials."""
+def build_tokenizer(vocab_size: int = 0) -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (and newline), plus chat/pad/eos specials; with
+    vocab_size, filler tokens <unused0>, <unused1>, ... up to that size (a real model's vocabulary
+    for benchmarks: no text encodes to them, but a random model writes them)."""
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    fillers = [f"<unused{i}>" for i in range(vocab_size - len(SPECIALS) - len(chars))]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars + fillers)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: characters stay tokens
     core.add_special_tokens(SPECIALS)
     core.decoder = decoders.Fuse()

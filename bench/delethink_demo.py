@@ -28,7 +28,7 @@ from eval import evaluate  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from rewards import RunningSumTask, builtin_splits  # noqa: E402
 from rollout import Chunking  # noqa: E402
-from train import chunking, eval_settings, parse_config  # noqa: E402
+from config import chunking, eval_settings, parse_config  # noqa: E402
 
 CONFIG = "configs/tiny_delethink.yaml"
 

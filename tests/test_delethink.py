@@ -12,7 +12,8 @@ import algos
 from model import load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Chunking, Episode, Sampling, collate, generate
-from train import DEFAULT_MODEL, Config, split_minibatches, update
+from config import DEFAULT_MODEL, Config
+from train import split_minibatches, update
 
 EOS, PAD = 1, 0
 
@@ -33,7 +34,7 @@ class ScriptedLM(torch.nn.Module):
                               for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())])
         return SimpleNamespace(past_key_values=DynamicCache())
 
-    def generate(self, input_ids, attention_mask, generation_config, past_key_values=None):
+    def generate(self, input_ids, attention_mask, generation_config, past_key_values=None, **_):
         budget = generation_config.max_new_tokens
         rows = []
         for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):

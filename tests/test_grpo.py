@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from algos import ALGORITHMS, grpo
-from train import Config
+from config import Config
 
 R = [1.0, 0.0, 0.0, 1.0]
 LOGP = [[-0.5, -1.2, -0.3], [-0.9, -0.4, -2.0], [-1.1, -0.7, -0.2], [-0.2, -1.5, -0.6]]

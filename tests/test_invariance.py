@@ -13,7 +13,8 @@ import algos
 from model import ResponseLogProbs, load_model
 from rewards import Problem
 from rollout import Chunk, Episode
-from train import Config, update
+from config import Config
+from train import update
 
 
 def make_episodes(seed=0, groups=3, g=4, chunked=False):

@@ -8,7 +8,8 @@ import torch
 import algos
 from rewards import Problem
 from rollout import Episode
-from train import Config, mini_batch_totals, selected, split_minibatches
+from config import Config
+from train import mini_batch_totals, selected, split_minibatches
 
 REWARDS = [1.0, 0.0, 0.0, 1.0]
 LENGTHS = [4, 6, 5, 3]

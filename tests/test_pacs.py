@@ -8,7 +8,7 @@ import torch
 import algos
 from algos.pacs import class_weights, logits
 from test_grpo import LOGP, OLD
-from train import Config
+from config import Config
 
 PACS = algos.get("pacs")
 
@@ -78,7 +78,7 @@ def test_groups_do_not_mix():
 
 
 def test_preset_has_no_gradient_clipping_but_it_can_be_set(tmp_path):
-    from train import parse_config
+    from config import parse_config
     assert parse_config(["--algo", "pacs"]).grad_clip == 0.0
     assert parse_config(["--algo", "pacs", "--grad-clip", "1.0"]).grad_clip == 1.0
     assert parse_config(["--algo", "rover"]).grad_clip == 1.0

@@ -10,7 +10,7 @@ from model import ResponseLogProbs, _chunk_stats, load_model
 from rewards import Problem
 from rollout import Episode, collate
 from test_grpo import LOGP, OLD as OLD_LOGP
-from train import Config
+from config import Config
 
 M_THETA = [[-5.0, -5.2, -4.9], [-6.0, -6.1, -5.8], [-4.5, -4.4, -4.7], [-5.5, -5.3, -5.6]]
 M_OLD = [[-5.1, -5.0, -5.0], [-6.0, -6.3, -5.7], [-4.6, -4.6, -4.6], [-5.4, -5.5, -5.5]]

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 import eval as evaluation
+import config
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def test_config_errors(tmp_path, monkeypatch):
 def test_config_precedence(tmp_path):
     cfg = tmp_path / "x.yaml"
     cfg.write_text("algo: dapo\nclip_high: 0.3\nlr: 1e-6\n")
-    c = train.parse_config(["--config", str(cfg), "--clip-high", "0.25"])
+    c = config.parse_config(["--config", str(cfg), "--clip-high", "0.25"])
     assert (c.algo, c.loss_agg, c.dynamic_sampling) == ("dapo", "token-mean", True)  # preset
     assert (c.lr, c.clip_high) == (1e-6, 0.25)  # YAML, then the command line wins
 
@@ -110,7 +111,7 @@ def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
     for x in lines:
         assert x["update/skipped"] == 0 and 0 < x["update/rows"] <= 16
         assert math.isfinite(x[key]) and math.isfinite(x["loss/total"]) and x["grad/norm"] > 0
-    k = train.parse_config(["--algo", algo]).mini_batches
+    k = config.parse_config(["--algo", algo]).mini_batches
     assert lines[0]["update/optimizer_steps"] == k  # rover, pacs: K = 4 mini-batches of one group
 
 
@@ -197,9 +198,9 @@ def test_random_qwen2_with_chat_template_runs_one_step(tmp_path):
 
 def test_every_config_parses_and_tiny_grpo_is_the_default():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
-        train.parse_config(["--config", str(path)])
-    tiny = train.parse_config(["--config", str(ROOT / "configs" / "tiny_grpo.yaml")])
-    assert replace(tiny, config="") == train.parse_config([]), "tiny_grpo.yaml drifted from the defaults"
+        config.parse_config(["--config", str(path)])
+    tiny = config.parse_config(["--config", str(ROOT / "configs" / "tiny_grpo.yaml")])
+    assert replace(tiny, config="") == config.parse_config([]), "tiny_grpo.yaml drifted from the defaults"
 
 
 def test_dapo_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):

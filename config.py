@@ -1,0 +1,280 @@
+"""Every knob of a run: the Config dataclass, YAML + command-line parsing, and validation.
+
+train.py and eval.py both build their Config here (eval.py accepts every field as a flag), and
+the helpers that turn fields into rollout / eval settings live next to the fields they read, so
+that the two scripts never disagree and never import each other.
+
+Precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+import algos
+from algos.grpo import ADV_NORMS, LOSS_AGGS
+from algos.pacs import PACS_PSIS
+from algos.rover import ROVER_ADVS
+from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_file, make_task
+from rollout import Chunking, Sampling
+
+TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
+DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
+
+
+@dataclass
+class Config:
+    # --- run
+    algo: str = "grpo"  # a name from algos/__init__.py; its preset sets the loss knobs below
+    config: str = ""  # YAML preset file; its keys are Config fields
+    model: str = DEFAULT_MODEL  # any local HF causal LM folder; default: the shipped tiny model
+    data: str = "running_sum"  # built-in task (running_sum, countdown) or a .jsonl/.json/.parquet file
+    eval_data: str = ""  # held-out file; built-in tasks use their own held-out split
+    out: str = ""  # run directory; default runs/<algo>-<timestamp>
+    max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
+    seed: int = 0  # fixes data order, sampling and everything else
+    resume: str = ""  # a checkpoints/step-N folder to continue from
+    # --- task
+    sum_min_terms: int = 3  # running_sum: fewest integers to add
+    sum_max_terms: int = 5  # running_sum: most integers to add
+    sum_digits: int = 2  # running_sum: digits per integer
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    grade_timeout: float = 10.0  # seconds per math-verify grading (file tasks); over it scores 0, counted
+    # --- batch sizes
+    prompts_per_step: int = 16  # B: prompts per rollout batch, over all ranks
+    group_size: int = 8  # G: responses sampled per prompt
+    mini_batches: int = 1  # K: optimizer steps per full rollout batch (mini-batches of B·G/K rows, whole groups)
+    epochs: int = 1  # μ: passes over the rollout batch
+    micro_batch_size: int = 64  # sequences per forward/backward on one rank (grad accumulation)
+    max_tokens_per_micro_batch: int = 0  # also cap rows × padded length; rows sorted by length; 0 = off
+    rollout_batch_size: int = 0  # sequences per generate call per rank (whole groups); 0 = all at once
+    # --- sampling (never inherited from the checkpoint's generation_config)
+    temperature: float = 1.0  # rollout temperature τ; log-probs use z/τ too
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
+    prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
+    # --- optimizer
+    lr: float = 3e-4  # AdamW learning rate after warm-up
+    warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    # --- GRPO-family loss knobs (the --algo preset fills these; see algos/grpo.py)
+    adv_norm: str = "group"  # group | batch (Lite PPO) | none (Dr. GRPO) | rloo
+    std_estimator: str = "unbiased"  # unbiased (n − 1, TRL/verl) | population
+    adv_eps: float = 1e-6  # added to the std before dividing
+    clip_low: float = 0.2  # ε_low: ratio clipped below at 1 − ε_low
+    clip_high: float = 0.2  # ε_high: ratio clipped above at 1 + ε_high (DAPO clip-higher 0.28)
+    dual_clip: float = 0.0  # c > 1 caps the loss of negative-advantage tokens at −c·A; 0 = off
+    loss_agg: str = "seq-mean-token-mean"  # | token-mean | seq-mean-token-sum-norm (L = max_new_tokens)
+    beta: float = 0.0  # k3 KL weight to a frozen reference; 0 loads no reference model
+    entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
+    # --- PSR / NSR / W-REINFORCE (algos/nsr.py)
+    train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
+    positive_advantage_weight: float = 0.1  # λ: advantage of a correct response (W-REINFORCE)
+    # --- ROVER (algos/rover.py)
+    rover_temp: float = 1.0  # ρ: Q = ρ · (logp − logp_old)
+    rover_adv: str = "group"  # group (official math recipe) | mean (paper: R − group mean)
+    # --- PACS (algos/pacs.py)
+    pacs_beta: float = 1.0  # β: score r̂ = β · Σ_t (logp − logp_old) over the response
+    pacs_psi: str = "loo"  # r̂ -> logit ψ within the group: loo (leave-one-out) | zscore | none
+    # --- Markovian thinking (Delethink, SPEC §5; rollout.py), with any algorithm but PACS
+    max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain
+    carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
+    chunk_head: int = 100  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
+    eval_max_chunks: int = 0  # I at eval; more than max_chunks = test-time scaling; 0 = max_chunks
+    # --- batch shaping (DAPO)
+    mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
+    overlong_penalty: bool = False  # soft length penalty added to the reward
+    overlong_cache: int = 16  # penalty ramps from 0 to −1 over the last this-many tokens
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal; resample
+    max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
+    # --- eval
+    eval_every: int = 50  # steps between held-out evals (and one before step 1); 0 = off
+    eval_problems: int = 200  # held-out problems per eval; 0 = all
+    eval_samples: int = 4  # n: samples per problem (avg@n, maj@n)
+    eval_k: list = field(default_factory=lambda: [1, 4])  # pass@k values, each ≤ eval_samples
+    eval_temperature: float = 1.0  # sampling temperature at eval
+    eval_top_p: float = 1.0  # nucleus sampling at eval (papers: 0.95 with temperature 0.6)
+    eval_greedy: bool = False  # also score one greedy (temperature 0) response per problem
+    eval_batch_size: int = 256  # sequences per generate call at eval; eval samples depend on it
+    # --- checkpoints and logs
+    save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
+    log_samples: int = 2  # completions written to samples.jsonl per step
+    # --- system
+    parallel: str = "auto"  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded over ranks) | auto: fsdp on CUDA, else ddp
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16: the compute dtype; master weights stay fp32
+    save_dtype: str = "auto"  # dtype of the HF weights in checkpoints: auto (the compute dtype) | fp32 | bf16
+    gradient_checkpointing: bool = False  # recompute each decoder layer in backward: activation memory ÷ ~layers
+    dist_timeout: int = 60  # minutes a rank waits in a collective (e.g. for rank 0 writing a checkpoint)
+    logprob_chunk: int = 512  # tokens per chunk of the log-prob computation (peak ~ 5·chunk·vocab·4 B)
+    trust_remote_code: bool = False  # allow model code shipped with a checkpoint
+    # --- memory plan (python train.py --config X.yaml --plan --world-size 8): reads no weights
+    plan: bool = False  # print the per-GPU memory plan and exit: 0 if it fits gpu_memory, 1 if not
+    world_size: int = 0  # ranks the plan assumes; 0 = this launch's
+    gpu_memory: float = 80.0  # GiB per GPU the plan must fit
+    plan_prompt_tokens: int = 512  # prompt length the plan assumes (use your data's longest)
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description="RL with verifiable rewards (see README.md)",
+                                     argument_default=argparse.SUPPRESS)
+    for f in fields(Config):
+        kind = _kind(f.name)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
+                            help=_help(f.name), metavar=kind.__name__.upper())
+    cli = vars(parser.parse_args(argv))
+    file_values = _read_yaml(cli["config"]) if cli.get("config") else {}
+    algo = cli.get("algo", file_values.get("algo", Config.algo))
+    values = {**algos.get(algo).preset, **file_values, **cli}
+    return Config(**values)
+
+
+def _kind(name: str) -> type:
+    f = Config.__dataclass_fields__[name]
+    return type(f.default_factory() if f.default is dataclasses.MISSING else f.default)
+
+
+def _parser_for(kind):
+    if kind is bool:
+        def to_bool(s: str) -> bool:
+            if s.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+            return s.lower() in ("true", "1", "yes")
+        return to_bool
+    if kind is list:
+        return lambda s: [int(x) for x in s.split(",") if x]
+    return kind
+
+
+def _help(name: str, _source=Path(__file__).read_text()) -> str:
+    """The field's comment in Config, so --help and the dataclass never disagree."""
+    line = _source.split(f"\n    {name}: ", 1)[1].split("\n", 1)[0]
+    return line.split("# ", 1)[1] if "# " in line else ""
+
+
+def _read_yaml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--config {path}: no such file")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise DataError(f"--config {path}: not valid YAML ({e})") from None
+    if not isinstance(values, dict):
+        raise DataError(f"--config {path}: expected a mapping of Config fields")
+    known = {f.name for f in fields(Config)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise DataError(f"--config {path}: unknown field(s) {', '.join(unknown)}; "
+                        f"see the Config dataclass in config.py for the names")
+    out = {}
+    for name, value in values.items():  # YAML reads 1e-6 as a string; the field type decides
+        kind = _kind(name)
+        try:
+            out[name] = ([int(v) for v in value] if kind is list and isinstance(value, list)
+                         else _parser_for(kind)(str(value)))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise DataError(f"--config {path}: field {name}: {value!r} is not a {kind.__name__}") from None
+    return out
+
+
+def validate(cfg: Config, world: int) -> None:
+    """Every mistake we can see before loading a model, with the field to change."""
+    checks = [
+        (cfg.prompts_per_step % world == 0,
+         f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks"),
+        (1 <= cfg.mini_batches <= cfg.prompts_per_step,
+         f"mini_batches={cfg.mini_batches} must be between 1 and prompts_per_step="
+         f"{cfg.prompts_per_step} (each mini-batch holds whole groups)"),
+        (cfg.group_size >= 1 and cfg.epochs >= 1 and cfg.micro_batch_size >= 1,
+         "group_size, epochs and micro_batch_size must be ≥ 1"),
+        (cfg.adv_norm != "rloo" or cfg.group_size >= 2, "adv_norm=rloo needs group_size ≥ 2"),
+        (cfg.adv_norm in ADV_NORMS, f"adv_norm={cfg.adv_norm!r}: choose one of {ADV_NORMS}"),
+        (cfg.loss_agg in LOSS_AGGS, f"loss_agg={cfg.loss_agg!r}: choose one of {LOSS_AGGS}"),
+        (cfg.std_estimator in ("unbiased", "population"),
+         f"std_estimator={cfg.std_estimator!r}: choose unbiased or population"),
+        (cfg.train_on in TRAIN_ON, f"train_on={cfg.train_on!r}: choose one of {TRAIN_ON}"),
+        (cfg.rover_adv in ROVER_ADVS, f"rover_adv={cfg.rover_adv!r}: choose one of {ROVER_ADVS}"),
+        (cfg.pacs_psi in PACS_PSIS, f"pacs_psi={cfg.pacs_psi!r}: choose one of {PACS_PSIS}"),
+        (not algos.get(cfg.algo).whole_groups or cfg.group_size >= 2,
+         f"--algo {cfg.algo} compares each response with the rest of its group: group_size ≥ 2"),
+        (not algos.get(cfg.algo).whole_groups or cfg.micro_batch_size >= cfg.group_size,
+         f"--algo {cfg.algo} keeps each group whole in a micro-batch: micro_batch_size="
+         f"{cfg.micro_batch_size} must be ≥ group_size={cfg.group_size}"),
+        (not algos.get(cfg.algo).whole_groups or (cfg.train_on == "all" and not cfg.mask_truncated),
+         f"--algo {cfg.algo} compares every response with the rest of its group: it needs "
+         f"train_on=all and mask_truncated=false"),
+        (cfg.rover_temp > 0 and cfg.pacs_beta > 0, "rover_temp and pacs_beta must be > 0"),
+        (cfg.max_chunks >= 1 and cfg.eval_max_chunks >= 0, "max_chunks must be ≥ 1, eval_max_chunks ≥ 0"),
+        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= cfg.chunk_head <= chunking(cfg).carryover
+         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({cfg.chunk_head}) ≤ carryover "
+         f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
+        (not algos.get(cfg.algo).whole_groups or cfg.max_chunks == 1,
+         f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 a "
+         f"response is split over several rows, which it does not support: set max_chunks 1"),
+        (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
+        (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
+        (cfg.eval_temperature >= 0 and 0 < cfg.eval_top_p <= 1 and cfg.eval_batch_size >= 1
+         and cfg.eval_problems >= 0 and cfg.grade_timeout > 0,
+         "eval_temperature must be ≥ 0, eval_top_p in (0, 1], eval_batch_size ≥ 1, eval_problems ≥ 0, "
+         "grade_timeout > 0"),
+        (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
+         f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
+        (cfg.precision in ("auto", "fp32", "bf16") and cfg.save_dtype in ("auto", "fp32", "bf16"),
+         "precision and save_dtype must be auto, fp32 or bf16"),
+        (cfg.parallel in ("auto", "ddp", "fsdp"), f"parallel={cfg.parallel!r}: choose auto, ddp or fsdp"),
+        (min(cfg.max_tokens_per_micro_batch, cfg.rollout_batch_size, cfg.prefill_chunk, cfg.world_size) >= 0
+         and cfg.dist_timeout > 0 and cfg.gpu_memory > 0 and cfg.plan_prompt_tokens > 0,
+         "max_tokens_per_micro_batch, rollout_batch_size, prefill_chunk and world_size must be ≥ 0; "
+         "dist_timeout, gpu_memory and plan_prompt_tokens > 0"),
+        (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= budget(cfg),
+         f"overlong_cache must be in (0, {budget(cfg)}] (the response budget)"),
+        (not cfg.eval_data or cfg.data not in BUILTIN_TASKS,
+         f"--eval-data is the held-out file of a file task; --data {cfg.data} is built in and is "
+         f"graded by its own rules on its own held-out split: drop --eval-data, or train on a file"),
+        (cfg.data in BUILTIN_TASKS or cfg.eval_data or cfg.eval_every == 0,
+         f"--data {cfg.data} is a file: give --eval-data FILE for held-out eval, "
+         f"or --eval-every 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise DataError(message)
+
+
+def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
+    """The Markovian-thinking knobs as rollout.py takes them (max_chunks 1: a plain rollout)."""
+    chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
+    return Chunking(carryover=cfg.carryover or cfg.max_new_tokens // 2, head=cfg.chunk_head,
+                    max_chunks=chunks)
+
+
+def budget(cfg: Config) -> int:
+    """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
+    return chunking(cfg).budget(cfg.max_new_tokens)
+
+
+def eval_settings(cfg: Config) -> dict:
+    """evaluate()'s keyword arguments from the eval fields: train.py's periodic eval and a
+    stand-alone `eval.py --config` run take them from here, so their numbers agree."""
+    return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
+                sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk),
+                chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
+                seed=cfg.seed + 7919)
+
+
+def load_problems(cfg: Config):
+    """(task, train problems, held-out problems), read and checked before any model is loaded."""
+    task = make_task(cfg.data, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
+                     sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout)
+    if cfg.data in BUILTIN_TASKS:
+        train, heldout = builtin_splits(task)
+    else:
+        train, heldout = task.problems, []
+    if cfg.eval_data:
+        heldout = load_file(cfg.eval_data)
+    return task, train, heldout[:cfg.eval_problems or None]

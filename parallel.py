@@ -1,0 +1,190 @@
+"""Distributed set-up and data parallelism: DDP, or FSDP2 with sharded fp32 master weights.
+
+torchrun sets RANK and WORLD_SIZE (global, over every node) and LOCAL_RANK (the GPU on this
+node); a plain `python train.py` is one process. `--parallel fsdp` uses FSDP2 (`fully_shard`,
+in torch itself):
+  - every decoder layer is one shard group, and the scorer (model.ResponseLogProbs: embeddings,
+    final norm, LM head) is the root group; each rank keeps 1/world of every fp32 weight,
+    gradient and AdamW moment;
+  - with a bf16 compute dtype, forward and backward all-gather bf16 copies of one layer at a time
+    and reduce-scatter fp32 gradients (MixedPrecisionPolicy);
+  - a rollout gathers all weights once (`full_weights`), not once per generated token, so
+    generate runs a bf16 model with a bf16 KV cache.
+Checkpoints: the HF weights are gathered one tensor at a time onto global rank 0 (one full copy in
+the saved dtype, never two); the fp32 weights and AdamW state go to torch.distributed.checkpoint
+as they are sharded (every rank writes its part), so a run saved on N ranks resumes on M.
+Several nodes are the same program: ranks are global, devices node-local, and only global rank 0
+writes single files (the run directory must be on a filesystem every node sees).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+
+def compute_dtype(cfg, device) -> torch.dtype:
+    """bf16 when asked, or on CUDA by default; fp32 otherwise (the CPU default)."""
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def autocast_context(cfg, device):
+    """A factory of the context the forwards run in: bf16 autocast, or nothing (fp32)."""
+    if compute_dtype(cfg, device) == torch.bfloat16:
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext
+
+
+def parallel_mode(cfg, device) -> str:
+    """auto: FSDP on CUDA (sharded state, bf16 compute: the path for real models), DDP on CPU."""
+    if cfg.parallel != "auto":
+        return cfg.parallel
+    return "fsdp" if device.type == "cuda" else "ddp"
+
+
+def setup_distributed(cfg):
+    """(global rank, world size, this process's device), with the process group initialised
+    whenever there is more than one rank or FSDP is asked for (FSDP needs one, even of size 1)."""
+    timeout = timedelta(minutes=cfg.dist_timeout)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" not in os.environ:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if parallel_mode(cfg, device) == "fsdp":
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return 0, 1, device
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        # CPU ranks share the node's cores: oversubscribed threads make every rank slower.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+    dist.init_process_group(backend, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another still uses it
+        dist.destroy_process_group()
+
+
+def decoder_layers(lm) -> list:
+    """The model's repeated blocks, by the class names HF marks as never to be split across
+    devices (Qwen2DecoderLayer, LlamaDecoderLayer, ...): FSDP's natural shard groups."""
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    layers = [m for m in lm.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(lm).__name__}: no decoder layers found to shard (the model's "
+                         f"_no_split_modules is {sorted(names)}); use --parallel ddp")
+    return layers
+
+
+def wrap(scorer, *, mode: str, world: int, device, dtype: torch.dtype, trainable: bool = True):
+    """The module that train.update calls: the scorer itself (one process; or a frozen
+    reference under DDP), DDP around it, or the scorer sharded with FSDP2."""
+    if mode == "fsdp":
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for layer in decoder_layers(scorer.lm):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(scorer, mp_policy=policy)
+        # FSDP takes the first module to run forward as its root. Rollouts enter the layers
+        # directly (lm.generate), so the scorer claims the root role now, with one tiny forward.
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        with torch.no_grad():
+            scorer(ids, torch.ones_like(ids), torch.arange(2, device=device)[None], torch.ones((1, 1), device=device), 1.0)
+        scorer.reshard()  # the root keeps its weights gathered after a forward; the optimizer needs the shards
+        return scorer
+    if trainable and world > 1:
+        return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
+    return scorer
+
+
+def grad_sync(module, sync: bool):
+    """DDP all-reduces gradients only on a mini-batch's last micro-batch. FSDP2 reduce-scatters
+    after every micro-batch: skipping it would keep every layer's full gradient on every rank."""
+    if isinstance(module, DistributedDataParallel) and not sync:
+        return module.no_sync()
+    return nullcontext()
+
+
+@contextmanager
+def full_weights(module):
+    """Under FSDP: every weight gathered (in the compute dtype) for the whole block, so that the
+    many forwards of a rollout all-gather once; resharded after. Otherwise nothing to do."""
+    shards = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for m in shards:
+        m.unshard()
+        if m is not module:  # the root's own forward is not called by generate
+            m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in shards:
+            if m is not module:
+                m.set_reshard_after_forward(True, recurse=False)
+            m.reshard()
+
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    """Clip the global gradient norm (over all ranks' shards under FSDP); return it before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def full_state_dict(lm, dtype: torch.dtype) -> dict:
+    """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
+    Gathered one tensor at a time, so rank 0 never holds more than one full copy; a tied weight
+    (embeddings = LM head) is kept once, under its first name, as save_pretrained does."""
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    out, seen = {}, set()
+    for name, t in lm.state_dict(keep_vars=True).items():
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        full = t.full_tensor() if isinstance(t, DTensor) else t  # a collective: every rank calls it
+        if rank0:
+            out[name] = full.detach().to("cpu", dtype).contiguous()
+    return out
+
+
+def save_train_state(path, lm, optimizer) -> None:
+    """fp32 weights and AdamW state as they lie (sharded under FSDP), every rank writing its part:
+    what --resume restores exactly, on this or any other number of ranks."""
+    model_state, optim_state = get_state_dict(lm, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path),
+             no_dist=not dist.is_initialized())
+
+
+def load_train_state(path, lm, optimizer) -> None:
+    model_state, optim_state = get_state_dict(lm, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # reshards to this run's ranks
+    set_state_dict(lm, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def gather_objects(obj, world: int) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(values: dict, device) -> dict:
+    if not dist.is_initialized() or not values:
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))

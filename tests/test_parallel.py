@@ -1,0 +1,259 @@
+"""FSDP2, DDP and one process give the same update; activation checkpointing and dropout-off
+really hold on the training path; FSDP rollouts generate from the full weights and leave the
+sharded parameters in place.
+
+Every 2-rank check runs in ONE spawn of two gloo processes (`two_ranks`): starting a rank costs
+seconds of imports on a 2-core machine, the checks themselves a fraction of that.
+"""
+import os
+import time
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+import algos
+from model import ResponseLogProbs, load_model, load_tokenizer
+from parallel import full_weights, wrap
+from rewards import Problem
+from rollout import Sampling, collate, encode_prompts, generate
+from test_invariance import config, make_episodes, one_update
+from train import update
+
+CPU = torch.device("cpu")
+
+# K > 1 for ROVER and PACS: they differ from policy gradient only from the 2nd mini-batch on
+# (π_old ≠ π_θ). PACS with K = 3 has one group per mini-batch, so under 2 ranks rank 1 runs
+# only dummy micro-batches, which must still join FSDP's reduce-scatters; β = 0.2 keeps its
+# unclipped lr-1 steps small enough for 1e-5 (see test_invariance.CASES). GRPO with β > 0 also
+# runs the frozen reference model, sharded like the policy under FSDP.
+UPDATE_CASES = [("grpo", {"beta": 0.04}), ("rover", {"mini_batches": 2}),
+                ("pacs", {"mini_batches": 3, "pacs_beta": 0.2})]
+
+# Rollouts: the shipped tiny model (a random one writes one token over and over, whatever the
+# prompt), rank r generating for PROBLEMS[r::2], G = 2 greedy samples each.
+SHIPPED = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-running-sum")
+PROBLEMS = [Problem(f"Add {p}", "0") for p in ("12+7+30", "5+61+8", "40+3+17+2", "9+9+9", "23+45+6", "71+2+14")]
+GREEDY = Sampling(temperature=0, max_new_tokens=12)
+GROUP = 2
+
+
+# ============================================================================ the 2-rank worker
+
+def fsdp_update(model_dir, cfg, rank, world):
+    """test_invariance.one_update with the policy (and reference) sharded by FSDP2, as train.main
+    builds them. Returns (full fp32 weights, metrics, whether every parameter was a DTensor)."""
+    torch.manual_seed(0)
+    lm = load_model(model_dir)
+    scorer = wrap(ResponseLogProbs(lm), mode="fsdp", world=world, device=CPU, dtype=torch.float32)
+    sharded = all(isinstance(p, DTensor) for p in lm.parameters())  # else the test proves nothing
+    # SGD with lr 1: the parameter change is the gradient itself (Adam's first step would hide
+    # a wrong gradient scale, e.g. a missing or doubled division by the world size, behind its
+    # sign-like normalisation).
+    opt = torch.optim.SGD(lm.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ref = None
+    if cfg.beta > 0:
+        ref = wrap(ResponseLogProbs(load_model(model_dir, trainable=False)), mode="fsdp", world=world,
+                   device=CPU, dtype=torch.float32, trainable=False)
+    metrics = update(scorer, lm, ref, opt, sched, algos.get(cfg.algo), make_episodes(chunked=cfg.max_chunks > 1),
+                     cfg, nullcontext, 0, rank, world, CPU)
+    # full_tensor is a collective: every rank gathers, rank 0 keeps the result
+    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in lm.state_dict().items()}
+    return full, metrics, sharded
+
+
+def greedy_tokens(lm, tok, problems, batch_size=0) -> list[list[int]]:
+    eps = generate(lm, tok, problems, encode_prompts(tok, problems, chat_template=True), group_size=GROUP,
+                   sampling=GREEDY, batch_size=batch_size)
+    return [e.response_ids for e in eps]
+
+
+def fsdp_rollouts(model_dir, rank, world) -> dict:
+    """Greedy tokens of the plain model, then of the FSDP-sharded one inside full_weights: every
+    rank at once, in batches of one group (fewer sequences than the rank has), and rank 0 alone."""
+    tok = load_tokenizer(model_dir)
+    mine = PROBLEMS[rank::world]
+    plain = load_model(model_dir)
+    out = {"plain": greedy_tokens(plain, tok, mine)}
+    lm = load_model(model_dir)
+    scorer = wrap(ResponseLogProbs(lm), mode="fsdp", world=world, device=CPU, dtype=torch.float32)
+    opt = torch.optim.SGD(lm.parameters(), lr=1.0)
+    shards = list(lm.parameters())
+    with full_weights(scorer):
+        out["together"] = greedy_tokens(lm, tok, mine)
+        out["batched"] = greedy_tokens(lm, tok, mine, batch_size=GROUP)
+        if rank == 0:  # rank 1 leaves the block and waits in the next collective
+            out["alone"] = greedy_tokens(lm, tok, mine)
+    params = list(lm.parameters())
+    out["same_objects"] = len(params) == len(shards) and all(a is b for a, b in zip(params, shards))
+    out["optimizer_holds_them"] = all(a is b for a, b in zip(opt.param_groups[0]["params"], params))
+    out["sharded"] = all(isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in params)
+    out["weights_kept"] = all(torch.equal(p.full_tensor(), q) for p, q in zip(params, plain.parameters()))
+    return out
+
+
+def _worker(rank, world, init_file, model_dir, out_file):
+    torch.set_num_threads(1)
+    # A short collective timeout turns a hang (a rank waiting for one that never comes) into an error.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    result = {"updates": {}}
+    for algo, over in UPDATE_CASES:
+        cfg = config(algo, over, micro=3)
+        ddp, ddp_metrics = one_update(model_dir, cfg, rank, world)
+        fsdp, fsdp_metrics, sharded = fsdp_update(model_dir, cfg, rank, world)
+        result["updates"][algo] = {"ddp": ddp, "ddp_metrics": ddp_metrics, "fsdp": fsdp,
+                                   "fsdp_metrics": fsdp_metrics, "sharded": sharded}
+    rollouts = [None] * world
+    dist.all_gather_object(rollouts, fsdp_rollouts(SHIPPED, rank, world))
+    result["rollouts"] = rollouts
+    if rank == 0:
+        torch.save(result, out_file)
+    dist.barrier()  # neither rank tears gloo down while the other still uses it
+    dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown: see test_invariance._worker
+
+
+@pytest.fixture(scope="module")
+def two_ranks(random_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two-ranks")
+    out = tmp / "rank0.pt"
+    ctx = mp.start_processes(_worker, args=(2, str(tmp / "init"), random_model_dir, str(out)),
+                             nprocs=2, start_method="spawn", join=False)
+    deadline = time.monotonic() + 300
+    while not ctx.join(timeout=5):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the 2-rank worker hung")
+    return torch.load(out)
+
+
+# ============================================================================ 1. same update
+
+@pytest.mark.parametrize("algo,over", UPDATE_CASES, ids=[a for a, _ in UPDATE_CASES])
+def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks):
+    """One mini-batch: 1 process, micro-batch 12 vs 2 ranks, micro-batch 3, under DDP and FSDP2."""
+    base, base_metrics = one_update(random_model_dir, config(algo, over, micro=12))
+    start = load_model(random_model_dir).state_dict()
+    assert any((base[k] - start[k]).abs().max() > 1e-4 for k in base)  # the step did something
+    got = two_ranks["updates"][algo]
+    assert got["sharded"], "FSDP left some parameter unsharded"
+    for mode in ("ddp", "fsdp"):
+        assert got[mode].keys() == base.keys()
+        for k in base:
+            assert torch.allclose(base[k], got[mode][k], atol=1e-5), f"{mode} differs at {k}"
+        metrics = got[f"{mode}_metrics"]
+        assert metrics.keys() == base_metrics.keys()
+        for k in base_metrics:  # loss, entropy, grad norm (global over shards) and the algorithm's own
+            assert metrics[k] == pytest.approx(base_metrics[k], abs=1e-5), (mode, k)
+
+
+# ============================================================================ 4. FSDP rollouts
+
+def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
+    for rank, r in enumerate(two_ranks["rollouts"]):
+        assert len(r["plain"]) == len(PROBLEMS[rank::2]) * GROUP
+        assert len({tuple(t) for t in r["plain"]}) == len(r["plain"]) // GROUP  # each prompt its own answer
+        assert r["together"] == r["plain"], rank
+        assert r["batched"] == r["plain"], rank
+        assert r["same_objects"] and r["optimizer_holds_them"], "full_weights replaced the parameters"
+        assert r["sharded"], "parameters not resharded after full_weights"
+        assert r["weights_kept"]
+    assert two_ranks["rollouts"][0]["alone"] == two_ranks["rollouts"][0]["plain"]
+    assert two_ranks["rollouts"][0]["plain"] != two_ranks["rollouts"][1]["plain"]  # ranks had different prompts
+
+
+# ============================================================================ 2. activation checkpointing
+
+def save_random(model, path) -> str:
+    model.save_pretrained(path)  # safetensors, as load_model requires
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """A random 8-layer Qwen2: activations of 8 layers against those of the embeddings and head."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return save_random(Qwen2ForCausalLM(cfg), tmp_path_factory.mktemp("qwen2-8"))
+
+
+def saved_activation_bytes(scorer, batch) -> tuple[int, dict]:
+    """Bytes of the tensors autograd saves for backward in one grad-enabled forward, each storage
+    counted once. A checkpointed layer's inputs are among them (torch saves them through autograd
+    before it recomputes, so our hook sees them); parameters do not count: they are held anyway."""
+    params = {p.untyped_storage().data_ptr() for p in scorer.parameters()}
+    seen = {}
+
+    def pack(t):  # a tensor kept alive by the graph, so its storage address is not reused meanwhile
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = scorer(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)
+    return sum(seen.values()), out
+
+
+def test_gradient_checkpointing_cuts_saved_activations(qwen_dir):
+    batch = collate(make_episodes(), 0, CPU)
+    saved, grads = {}, {}
+    for flag in (False, True):
+        lm = load_model(qwen_dir, gradient_checkpointing=flag)  # the training path: train mode
+        scorer = ResponseLogProbs(lm)
+        saved[flag], out = saved_activation_bytes(scorer, batch)
+        (out["logp"] * batch.response_mask).sum().backward()
+        grads[flag] = {n: p.grad for n, p in lm.named_parameters()}
+    assert saved[False] >= 5 * saved[True], saved
+    for n, g in grads[False].items():  # recomputation gives the same gradients
+        assert torch.allclose(g, grads[True][n], atol=1e-5), n
+
+
+# ============================================================================ 3. dropout off
+
+def gpt2(path) -> str:
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                     resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    return save_random(GPT2LMHeadModel(cfg), path)
+
+
+def qwen2(path) -> str:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.5)
+    return save_random(Qwen2ForCausalLM(cfg), path)
+
+
+def two_forwards(lm, batch):
+    """π_old (no grad) and π_θ (with grad) log-probs of the same weights, as train.update runs them."""
+    scorer = ResponseLogProbs(lm)
+    args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)
+    with torch.no_grad():
+        old = scorer(*args)["logp"]
+    return old, scorer(*args)["logp"].detach()
+
+
+@pytest.mark.parametrize("build", [qwen2, gpt2])
+def test_dropout_is_off_in_train_mode(build, tmp_path):
+    path = build(tmp_path)
+    batch = collate(make_episodes(), 0, CPU)
+    torch.manual_seed(1)
+    # the config's dropout is live in plain HF train mode, so the check below is not vacuous
+    old, new = two_forwards(AutoModelForCausalLM.from_pretrained(path).train(), batch)
+    assert not torch.equal(old, new)
+    lm = load_model(path)
+    assert lm.training
+    old, new = two_forwards(lm, batch)
+    assert torch.equal(old, new)
