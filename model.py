@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
@@ -32,10 +32,16 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
                trust_remote_code: bool = False, gradient_checkpointing: bool = False,
                trainable: bool = True):
     """A causal LM on `device`. Trainable: in train mode, so that HF's gradient checkpointing
-    engages (it only does in train mode), with every dropout off, so that the π_old and π_θ
-    forwards of the same weights are the same function. Frozen: eval mode, no gradients."""
+    engages (it only does in train mode), with every dropout rate of its config set to 0, so
+    that the π_old and π_θ forwards of the same weights are the same function. Frozen: eval
+    mode, no gradients."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if trainable:  # every dropout rate a config names (dropout, attention_dropout, attn_pdrop, layerdrop, ...)
+        for key, value in config.to_dict().items():
+            if isinstance(value, float) and "drop" in key:
+                setattr(config, key, 0.0)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+        path, config=config, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     model.to(device)
     # Sampling settings come only from our Config: a checkpoint's generation_config
     # (top_k=50, repetition_penalty, ...) would otherwise fill every knob we leave unset.
@@ -45,11 +51,6 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
         return model.eval().requires_grad_(False)
-    for m in model.modules():
-        if isinstance(m, nn.Dropout):
-            m.p = 0.0
-        if isinstance(getattr(m, "attention_dropout", None), float):  # passed to the attention kernel
-            m.attention_dropout = 0.0
     return model.train()
 
 
