@@ -19,6 +19,7 @@ writes single files (the run directory must be on a filesystem every node sees).
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
@@ -29,6 +30,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+# DCP says so every time a run without a process group (one process) saves or loads: we mean it.
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
 
 
 def compute_dtype(cfg, device) -> torch.dtype:
@@ -161,14 +165,13 @@ def save_train_state(path, lm, optimizer) -> None:
     """fp32 weights and AdamW state as they lie (sharded under FSDP), every rank writing its part:
     what --resume restores exactly, on this or any other number of ranks."""
     model_state, optim_state = get_state_dict(lm, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path),
-             no_dist=not dist.is_initialized())
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
 
 
 def load_train_state(path, lm, optimizer) -> None:
     model_state, optim_state = get_state_dict(lm, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # reshards to this run's ranks
+    dcp.load(state, checkpoint_id=str(path))  # reshards to this run's ranks
     set_state_dict(lm, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 

@@ -1,6 +1,7 @@
 """The loop end to end: CLI errors, a 2-process torchrun smoke run, checkpoints, resume, Qwen2."""
 import json
 import math
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 import eval as evaluation
 import config
 import train
+from model import load_model
+from parallel import load_train_state
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24",
@@ -76,7 +79,32 @@ def torchrun(out, *args) -> list[dict]:
            "--max-steps", "2", "--out", str(out), *SMALL, *args]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    return metrics(out)
+
+
+def metrics(out) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def two_nodes(out, *args) -> list[dict]:
+    """train.py as two one-rank "nodes" on this machine (two torchrun launchers meeting at a c10d
+    rendezvous), 2 steps; the metrics.jsonl rows."""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                               "--node_rank", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
+                               "train.py", "--max-steps", "2", "--out", str(out), *SMALL, *args],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
+    return metrics(out)
+
+
+def same_run(a: list[dict], b: list[dict]) -> bool:
+    """Every logged value but the timings is equal, step by step."""
+    untimed = [{k: v for k, v in row.items() if not k.startswith("time/")} for row in a + b]
+    return untimed[:len(a)] == untimed[len(a):]
 
 
 def test_torchrun_two_processes_smoke(tmp_path):
@@ -170,6 +198,34 @@ def test_resume_continues_the_same_trajectory(random_model_dir, tmp_path):
                 if json.loads(x)["step"] == step]
     for step in (3, 4):
         assert prompts(tmp_path / "a", step) == prompts(tmp_path / "b", step)
+
+
+def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(tmp_path):
+    """FSDP over two one-rank "nodes" equals FSDP over 2 ranks of one node; its checkpoints load
+    with from_pretrained; resumed from step 1 on 2 ranks, step 2 is replayed exactly; the train
+    state written by 2 ranks loads into 1 (resharded) and a 1-rank resume runs on."""
+    fsdp = ["--parallel", "fsdp", "--eval-every", "0", "--max-new-tokens", "60", "--save-every", "1"]
+    nodes = two_nodes(tmp_path / "nodes", *fsdp)
+    assert same_run(torchrun(tmp_path / "one-node", *fsdp), nodes)
+    assert any(x["grad/norm"] > 0 for x in nodes)  # the shipped model learns something in 2 steps
+    step1, step2 = (tmp_path / "nodes" / "checkpoints" / f"step-{n}" for n in (1, 2))
+    lm = AutoModelForCausalLM.from_pretrained(step2)  # a plain HF checkpoint, fp32 on CPU
+    saved = load_file(str(step2 / "model.safetensors"))
+    assert all(torch.equal(p, saved[n]) for n, p in lm.state_dict().items() if n in saved)
+
+    resumed = torchrun(tmp_path / "resumed", *fsdp, "--resume", str(step1))
+    assert [x["step"] for x in resumed] == [2] and same_run(nodes[1:], resumed)
+
+    # 2 ranks' shards -> 1 process: the exact fp32 weights and AdamW state after 2 steps (a fresh
+    # AdamW that DCP initialises before loading would say step 1 and zero moments)
+    lm = load_model(str(tmp_path / "one-node" / "checkpoints" / "step-1"))
+    optimizer = torch.optim.AdamW(lm.parameters())
+    load_train_state(step2 / "train_state", lm, optimizer)
+    assert all(torch.equal(p, saved[n]) for n, p in lm.named_parameters() if n in saved)
+    assert all(float(optimizer.state[p]["step"]) == 2 for p in lm.parameters())
+    assert any(optimizer.state[p]["exp_avg_sq"].sum() > 0 for p in lm.parameters())
+    train.main([*SMALL, *fsdp, "--max-steps", "2", "--resume", str(step1), "--out", str(tmp_path / "alone")])
+    assert [x["step"] for x in metrics(tmp_path / "alone")] == [2]
 
 
 def test_random_qwen2_with_chat_template_runs_one_step(tmp_path):
