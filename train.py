@@ -18,9 +18,11 @@ Each step:
                the whole mini-batch on all ranks (SPEC §0)
   5. log, eval, checkpoint
 
-Config precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
-Left out on purpose: vLLM/SGLang generation, tensor/pipeline parallelism, multi-node, value
-models (PPO with a critic), reward models.
+The knobs live in config.py (precedence: dataclass defaults < the algorithm's preset < --config
+YAML < command line); data parallelism (DDP, or FSDP2 with sharded fp32 state and bf16 compute),
+its set-up on one node or several, and sharded checkpoints in parallel.py; the memory plan
+(`--plan true`) in plan.py. Left out on purpose: vLLM/SGLang generation, tensor/pipeline
+parallelism, value models (PPO with a critic), reward models.
 """
 from __future__ import annotations
 

@@ -103,11 +103,12 @@ def test_head_of_chunk_one_is_kept():
     assert lm.prefills == [[Q + g(1, 2)]]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_query_cache_changes_no_token(arch):
+@pytest.mark.parametrize("arch,prefill_chunk,batch_size", [("qwen2", 0, 0), ("llama", 0, 0), ("qwen2", 4, 2)])
+def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size):
     """Later chunks reuse the q ⧺ head KV cache computed after chunk 1 (left-padded queries of
     several lengths, traces leaving the batch in different rounds): greedy, every chunk is exactly
-    what a plain generate call writes from that chunk's prompt alone, with no padding and no cache."""
+    what a plain generate call writes from that chunk's prompt alone, with no padding and no cache.
+    So do prompts prefilled 4 tokens a forward, in generate calls of 2 traces."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     config, cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     torch.manual_seed(0)
@@ -121,8 +122,8 @@ def test_query_cache_changes_no_token(arch):
     def chunked(eos):
         tok = SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, skip_special_tokens: "")
         return generate(lm, tok, [Problem("p", "0")] * len(queries), queries, group_size=1,
-                        sampling=Sampling(temperature=0, max_new_tokens=c),
-                        chunking=Chunking(carryover=m, head=h, max_chunks=cap))
+                        sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk),
+                        chunking=Chunking(carryover=m, head=h, max_chunks=cap), batch_size=batch_size)
 
     # EOS = a token trace 0 first writes in its third chunk, so traces stop in different rounds.
     trace = chunked(eos=10_000)[0].response_ids

@@ -14,7 +14,7 @@ from model import ResponseLogProbs, load_model
 from rewards import Problem
 from rollout import Chunk, Episode
 from config import Config
-from train import update
+from train import pack, padded_tokens, split_minibatches, update
 
 
 def make_episodes(seed=0, groups=3, g=4, chunked=False):
@@ -80,7 +80,9 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          ("rover", {"mini_batches": 2}), ("pacs", {"mini_batches": 3, "pacs_beta": 0.2}),
          # Markovian traces: up to 3 chunk rows each, split anywhere over micro-batches and
          # ranks, normalised per trace (and ROVER on the same chunked traces)
-         ("delethink", {}), ("rover", {"mini_batches": 2, "max_chunks": 3})]
+         ("delethink", {}), ("rover", {"mini_batches": 2, "max_chunks": 3}),
+         # rows sorted by length and cut by a budget of padded tokens instead of a row count
+         ("delethink", {"max_tokens_per_micro_batch": 30})]
 
 
 def config(algo, over, micro):
@@ -114,3 +116,18 @@ def test_micro_batches_and_ranks_agree(algo, over, random_model_dir, tmp_path):
     assert two["metrics"].keys() == base_metrics.keys()
     for k in base_metrics:  # loss, entropy, grad norm and each algorithm's own quantities
         assert two["metrics"][k] == pytest.approx(base_metrics[k], abs=1e-5), k
+
+
+def test_token_budget_micro_batches_sort_rows_and_pad_little():
+    """Markovian traces (3 chunk rows of 4-9 prompt tokens + 1-3 response tokens each), budget
+    30 padded tokens: every micro-batch holds at most 30 (a row alone may not fit), every row is
+    trained once, and sorting by length pads less than the rows in rollout order."""
+    episodes = make_episodes(chunked=True)
+    rows = [(e, c) for e in episodes for c in e.rows()]
+    cfg = replace(config("delethink", {}, micro=64), max_tokens_per_micro_batch=30)
+    micro = [m for rank in (0, 1) for _, mine in split_minibatches(episodes, cfg, rank, world=2) for m in mine if m]
+    assert all(padded_tokens(m) <= 30 or len(m) == 1 for m in micro)
+    assert sorted(id(c) for m in micro for _, c in m) == sorted(id(c) for _, c in rows)
+    real = sum(len(c.prompt_ids) + len(c.response_ids) for _, c in rows)
+    in_order = pack([[r] for r in rows], 64, 30)
+    assert sum(map(padded_tokens, micro)) - real < sum(map(padded_tokens, in_order)) - real
