@@ -2,8 +2,8 @@
 
 One `generate` call per rank per step covers all of the rank's prompts × G samples (or batches of
 `rollout_batch_size` of them), left-padded, with the model in eval mode and the KV cache on; with
-Markovian thinking (`Chunking`, SPEC §5) one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
-generated from: they are the training rows. Every sampling knob is passed explicitly;
+Markovian thinking (`Chunking`, SPEC §5) one call per chunk round. Each Episode keeps its chunks,
+each with the exact prompt it was generated from: they are the training rows. Every sampling knob is passed explicitly;
 nothing is inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
