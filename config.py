@@ -125,8 +125,9 @@ def parse_config(argv=None) -> Config:
                                      argument_default=argparse.SUPPRESS)
     for f in fields(Config):
         kind = _kind(f.name)
+        flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
-                            help=_help(f.name), metavar=kind.__name__.upper())
+                            help=_help(f.name), metavar=kind.__name__.upper(), **flag)
     cli = vars(parser.parse_args(argv))
     file_values = _read_yaml(cli["config"]) if cli.get("config") else {}
     algo = cli.get("algo", file_values.get("algo", Config.algo))

@@ -58,6 +58,9 @@ def parallel_mode(cfg, device) -> str:
 def setup_distributed(cfg):
     """(global rank, world size, this process's device), with the process group initialised
     whenever there is more than one rank or FSDP is asked for (FSDP needs one, even of size 1)."""
+    # Generation grows the KV cache a token at a time: without expandable segments, CUDA's caching
+    # allocator reserved up to 46% more than the live tensors in a rollout (H100), against 4-8%.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     timeout = timedelta(minutes=cfg.dist_timeout)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
@@ -107,6 +110,8 @@ def wrap(scorer, *, mode: str, world: int, device, dtype: torch.dtype, trainable
         with torch.no_grad():
             scorer(ids, torch.ones_like(ids), torch.arange(2, device=device)[None], torch.ones((1, 1), device=device), 1.0)
         scorer.reshard()  # the root keeps its weights gathered after a forward; the optimizer needs the shards
+        if not trainable:  # ... and they would stay gathered for good: a frozen model runs no backward
+            scorer.set_reshard_after_forward(True, recurse=False)
         return scorer
     if trainable and world > 1:
         return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)

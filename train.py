@@ -189,7 +189,9 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     mini-batch, rows (or, with whole_groups, groups) are spread over ranks as evenly as they go,
     and every rank gets the same number of micro-batches (some possibly empty) so that DDP's and
     FSDP's collectives line up. With max_tokens_per_micro_batch, units are first sorted by
-    length and spread by padded tokens: a Markovian chunk-1 row is not padded to a later chunk. 12 one-chunk episodes, 2 ranks, micro-batch 4: rank 0 gets rows 0-5 as
+    response then prompt length and spread by padded tokens (prompts and responses are padded
+    separately, so this keeps a Markovian chunk-1 row, short prompt and C tokens, apart from later
+    chunks, long prompt and C − m tokens). 12 one-chunk episodes, 2 ranks, micro-batch 4: rank 0 gets rows 0-5 as
     [0-3], [4-5]; rank 1 rows 6-11 as [6-9], [10-11].
     """
     by_group = {}
@@ -204,8 +206,8 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
         rows = [[(e, c) for e in g for c in e.rows()] for g in mb_groups]
         units = rows if whole_groups else [[row] for g in rows for row in g]
         sizes = [len(u) for u in units]
-        if cfg.max_tokens_per_micro_batch:  # sorted by length, a micro-batch pads little
-            units.sort(key=lambda u: max(len(c.prompt_ids) + len(c.response_ids) for _, c in u))
+        if cfg.max_tokens_per_micro_batch:  # sorted by response, then prompt length: little padding
+            units.sort(key=lambda u: max((len(c.response_ids), len(c.prompt_ids)) for _, c in u))
             sizes = [padded_tokens(u) for u in units]
         per_rank = [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
                     for r in balanced_split(sizes, world)]

@@ -1,0 +1,462 @@
+"""The memory plan: what one rank holds, phase by phase, from the config alone (no weights read).
+
+    python train.py --config configs/qwen2.5-7b_deepscaler_pacs.yaml --plan --world-size 8
+
+The model is built on the meta device to count parameters exactly (all of them, per decoder
+layer, and the rest: embeddings, final norm, LM head); widths come from its config.json, or from
+a shipped `assets/shapes/<folder name>/config.json` when the folder is not on this machine.
+Every row is a formula over those numbers and the Config, written against the code that
+allocates it (parallel.py, rollout.py, model.py, train.update, HF generate); the tests check the
+total against the measured peak of tensor memory on CPU.
+
+A phase's total is the resident state plus what that phase adds at its worst moment; the peak
+is the largest total. Counted: tensors PyTorch allocates (what torch.cuda.max_memory_allocated
+reports). The verdict adds what a GPU run needs besides: the CUDA context and NCCL/cuBLAS
+buffers, and the caching allocator's slack (memory reserved but not in a live tensor).
+Checked against torch.cuda.max_memory_allocated on an H100 (bench/plan_check.py --gpu: FSDP,
+bf16, Qwen2.5-0.5B and a 0.6B Qwen3, with and without checkpointing, Markovian + reference):
+rollouts −2% to +3%, updates 2-7% over.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import algos
+from config import chunking
+from parallel import compute_dtype, parallel_mode
+from rewards import DataError
+
+SHAPES = Path(__file__).resolve().parent / "assets" / "shapes"
+GiB = 2 ** 30
+CUDA_RESERVE = 1.5 * GiB  # CUDA context + NCCL outside PyTorch's allocator: 1.35-1.5 GiB measured on an H100
+# Reserved / allocated at a phase's peak, measured on an H100: 1.08 with
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; up to 1.46 without, in rollouts, where the KV
+# cache grows by one torch.cat per token and the freed blocks are always a little too small.
+ALLOCATOR_SLACK = 0.10
+
+
+# ============================================================================ the model's shape
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs to know about a model: exact parameter counts and tensor widths."""
+    name: str
+    params: int  # P: every parameter once (a tied LM head is the embedding)
+    layer_params: int  # one decoder layer: an FSDP shard group
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool  # LM head = input embedding
+    qk_norm: bool  # an RMSNorm on every query and key head (Qwen3)
+
+    @property
+    def root_params(self) -> int:
+        """FSDP's root group: embeddings, final norm and LM head (what no decoder layer holds)."""
+        return self.params - self.layers * self.layer_params
+
+
+def shape_from_config(config, name: str) -> Shape:
+    """Count a model built on the meta device (no memory, no weights): Qwen2.5-7B's config ->
+    Shape(params=7_615_616_512, layer_params=233_057_792, layers=28, hidden=3584, ...)."""
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    kinds = set(getattr(lm, "_no_split_modules", None) or ())
+    layers = [m for m in lm.modules() if type(m).__name__ in kinds]
+    if not layers:
+        raise DataError(f"{name}: no decoder layers found (_no_split_modules is {sorted(kinds)})")
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    return Shape(
+        name=name, params=sum(p.numel() for p in lm.parameters()),
+        layer_params=sum(p.numel() for p in layers[0].parameters()), layers=len(layers),
+        hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, vocab=text.vocab_size,
+        tied=lm.get_output_embeddings().weight is lm.get_input_embeddings().weight,
+        qk_norm=any(n.endswith("q_norm") for n, _ in layers[0].named_modules()))
+
+
+def find_shape(model: str, trust_remote_code: bool = False) -> tuple[Shape, str]:
+    """(shape, where its config came from): the folder's own config.json, else the shipped shape
+    of the same folder name. "models/Qwen2.5-7B" (absent) -> assets/shapes/Qwen2.5-7B."""
+    name = Path(model.rstrip("/")).name
+    folder = Path(model) if (Path(model) / "config.json").is_file() else SHAPES / name
+    if not (folder / "config.json").is_file():
+        shipped = ", ".join(sorted(p.name for p in SHAPES.iterdir() if (p / "config.json").is_file()))
+        raise DataError(f"--model {model}: no config.json there and no shipped shape named {name!r}; "
+                        f"shipped shapes ({SHAPES}): {shipped}. Point --model at a folder with a "
+                        f"config.json (the weights are not read), or add assets/shapes/{name}/config.json")
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    shown = os.path.relpath(folder) if folder.is_relative_to(Path.cwd()) else str(folder)
+    source = shown if folder == Path(model) else f"{shown} (no {model}/config.json here)"
+    return shape_from_config(config, name), source
+
+
+# ============================================================================ per-token sizes
+
+@dataclass(frozen=True)
+class Target:
+    """The machine a plan is for: what parallel.py would pick there."""
+    device: str  # cuda | cpu
+    world: int  # ranks
+    mode: str  # fsdp | ddp
+    bytes: int  # compute dtype: 2 (bf16) or 4 (fp32)
+
+    @property
+    def act_bytes(self) -> int:
+        """Activations: the compute dtype, except DDP under bf16 autocast, whose residual stream,
+        norms and rotary outputs stay fp32 (its weights and embeddings are fp32)."""
+        return 4 if self.mode == "ddp" else self.bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV cache: the weights' dtype (HF's cache takes the dtype of its first key; under DDP
+        rotary embeddings in fp32 make that fp32 even with autocast)."""
+        return 4 if self.mode == "ddp" else self.bytes
+
+
+def target_for(cfg, world: int, device_type: str) -> Target:
+    """cfg.parallel / cfg.precision resolved as parallel.py resolves them on that device:
+    auto, auto on cuda -> fsdp, bf16; on cpu -> ddp, fp32."""
+    device = torch.device(device_type)
+    return Target(device_type, world, parallel_mode(cfg, device),
+                  torch.finfo(compute_dtype(cfg, device)).bits // 8)
+
+
+def layer_activations(s: Shape, b: int) -> int:
+    """Bytes one decoder layer saves for backward per token, at activation width b (HF
+    Qwen2/Llama/Qwen3 layer, sdpa, padded rows so GQA keys/values are repeated to every head):
+    2 RMSNorms (fp32 input copy, normed in b, weight × normed) + q, k, v, attention output
+    (+ its fp32 log-sum-exp) + 4 MLP tensors of the intermediate width (+ Qwen3's q/k norms).
+    Qwen2.5-7B, bf16: 16·3584 + 2·(4·3584) + 4·28 + 8·18944 = 237,680 B per token."""
+    hq, hk = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    norms = 2 * s.hidden * (4 + 2 * b)
+    attention = b * 4 * hq + 4 * s.heads
+    qk_norms = (4 + b) * (hq + hk) if s.qk_norm else 0
+    return norms + attention + qk_norms + 4 * b * s.intermediate
+
+
+def logits_copies(temperature: float, top_p: float, top_k: int) -> int:
+    """fp32 [sequences, vocab] tensors alive at a sampling step of HF generate: the fp32 copy of
+    the logits, the probabilities and multinomial's draw, plus one per warper that rewrites them
+    (temperature ≠ 1, top-k, and top-p's sort/softmax/cumsum). τ 1, top-p 1 -> 3."""
+    return 3 + (temperature not in (0, 1)) + (top_k > 0) + 5 * (top_p < 1)
+
+
+# ============================================================================ phases
+
+@dataclass
+class Phase:
+    """One moment of a step: what it adds to the resident state, row by row (bytes)."""
+    name: str
+    rows: list  # (what, bytes)
+    group: str  # the knobs that change it: rollout | eval | update
+
+    @property
+    def total(self) -> float:
+        return sum(n for _, n in self.rows)
+
+
+def resident_rows(cfg, s: Shape, t: Target) -> list:
+    """What every phase holds: weights, AdamW moments (after the first step), the reference.
+    FSDP: everything sharded 1/world; DDP: replicated, plus its gradient buckets."""
+    shard = t.world if t.mode == "fsdp" else 1
+    rows = [(f"policy weights, fp32{' (1/%d each)' % shard if shard > 1 else ''}", s.params * 4 / shard),
+            ("AdamW moments exp_avg + exp_avg_sq, fp32", s.params * 8 / shard)]
+    if t.mode == "ddp" and t.world > 1:
+        rows.append(("DDP gradient buckets, fp32", s.params * 4))
+    if cfg.beta > 0:
+        rows.append((f"reference model, {_dtype(t.bytes)}, frozen", s.params * t.bytes / shard))
+    return rows
+
+
+def gathered_rows(s: Shape, t: Target) -> list:
+    """Weights a generate call runs on: under FSDP every layer gathered at once
+    (parallel.full_weights); DDP under bf16 autocast caches a bf16 copy of each matmul weight."""
+    if t.mode == "fsdp":
+        return [(f"all weights gathered, {_dtype(t.bytes)}", s.params * t.bytes)]
+    if t.bytes == 2:
+        matmul = s.params - (0 if s.tied else s.vocab * s.hidden)  # all but an untied embedding
+        return [("autocast's bf16 copies of the matmul weights", matmul * 2)]
+    return []
+
+
+def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampling: tuple, chunks: int) -> list:
+    """Two moments of the largest generate call of `seqs` sequences: its largest prefill forward
+    and its last decode step. Markovian rounds after the first also keep the q ⧺ head prefix
+    cache of every trace (rollout.traces), so their KV cache is that plus one chunk's context."""
+    p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
+    m, h = (chunking(cfg).carryover, min(cfg.chunk_head, chunking(cfg).carryover)) if chunks > 1 else (0, 0)
+    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes  # K and V, every layer
+    context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
+    cached = (p + h) + context if chunks > 1 and m > h else context
+    decode = [(f"KV cache, {seqs} sequences × {cached} tokens", seqs * cached * kv_token),
+              ("KV cache growth: torch.cat copies one layer", seqs * context * kv_token / s.layers / 2),
+              ("sampling: logits and fp32 copies [sequences, vocab]",
+               seqs * s.vocab * (t.bytes + 4 * logits_copies(*sampling)))]
+    weights = gathered_rows(s, t)
+    return [Phase(f"{label}: prefill", weights + prefill_rows(cfg, s, t, seqs, chunks), label),
+            Phase(f"{label}: last decode step", weights + decode, label)]
+
+
+def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
+    """The largest prefill moment: (KV cache then, one layer's activations for the tokens of
+    one forward, the attention mask over the cached length, last-position logits). A plain
+    call prefills q; a Markovian round 2 prefills q ⧺ head once (rollout.prefill) and then the
+    m − h tail tokens on a copy of that cache (the prefix stays for later rounds)."""
+    p, b = cfg.plan_prompt_tokens, t.bytes
+    moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)
+    if chunks > 1:
+        m, h = chunking(cfg).carryover, min(cfg.chunk_head, chunking(cfg).carryover)
+        moments += ([(p + h, p + h, p + h), (3 * (p + h), 0, 0), (2 * (p + h) + m - h, m - h, p + m)] if m > h
+                    else [(p + m, p + m, p + m)])  # (3 (p + h): the prefix, its deep copy, the rows kept)
+    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes
+    hq, repeat = s.heads * s.head_dim, s.kv_heads < s.heads  # sdpa with a padding mask repeats K, V
+
+    def rows(cached, forward, attended):
+        q = min(cfg.prefill_chunk or forward, forward)
+        # one layer at a time: the MLP's three [tokens, intermediate] tensors, or attention's
+        # q, output and keys/values repeated to every head over the attended length
+        layer = max(q * b * (4 * s.hidden + 3 * s.intermediate),
+                    q * b * (3 * s.hidden + 2 * hq) + repeat * 2 * b * hq * attended)
+        return [(f"KV cache, {seqs} sequences × {cached} tokens", seqs * cached * kv_token),
+                (f"prefill activations, one layer, {q} tokens a forward", seqs * layer),
+                ("prefill attention mask (bool + float)", seqs * q * attended * (1 + b)),
+                ("last-position logits", seqs * s.vocab * b)]
+    return max((rows(*mo) for mo in moments), key=lambda r: sum(n for _, n in r))
+
+
+def micro_batch(cfg, t: Target) -> tuple[int, int, int]:
+    """(rows, padded row length, response tokens) of the largest micro-batch on a rank.
+    A row is prompt + response, or a Markovian chunk: q ⧺ carry-over (P + m) padded with chunk 1's
+    C-token response, so P + m + C. max_tokens_per_micro_batch caps rows × length (one row
+    at least). 1.5B GSM8K config (micro 8, P 512, R 1024) -> (8, 1536, 1024)."""
+    p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
+    m = chunking(cfg).carryover if cfg.max_chunks > 1 else 0
+    length = p + m + c
+    share = math.ceil(cfg.prompts_per_step * cfg.group_size * cfg.max_chunks / (cfg.mini_batches * t.world))
+    unit = cfg.group_size if _whole_groups(cfg) else 1  # train.pack never splits a unit
+    rows = min(cfg.micro_batch_size // unit * unit or unit, share)
+    if cfg.max_tokens_per_micro_batch:
+        rows = min(rows, max(unit, cfg.max_tokens_per_micro_batch // length // unit * unit))
+    return rows, length, c
+
+
+def _whole_groups(cfg) -> bool:
+    """Whether the algorithm keeps each group whole in a micro-batch (PACS)."""
+    return algos.get(cfg.algo).whole_groups
+
+
+def update_phases(cfg, s: Shape, t: Target) -> list:
+    """Three moments of an optimizer step's work: the start of a micro-batch's backward (every
+    saved activation, the log-prob head's backward), the backward through a decoder layer
+    (recomputed with gradient checkpointing), and the AdamW step."""
+    rows, length, response = micro_batch(cfg, t)
+    tokens, b, a = rows * length, t.bytes, t.act_bytes
+    shard = t.world if t.mode == "fsdp" else 1
+    state = [(f"gradients, fp32{' (1/%d each)' % shard if shard > 1 else ''}", s.params * 4 / shard)]
+    if t.mode == "fsdp":
+        state += [(f"gathered root group (embeddings, norm, LM head), {_dtype(b)}", s.root_params * b),
+                  ("gathered decoder layers: current + prefetched", 2 * s.layer_params * b),
+                  (f"LM head gradient, unsharded {_dtype(b)}, until the root's reduce-scatter",
+                   s.vocab * s.hidden * b)]
+    else:
+        state += gathered_rows(s, t)
+    per_layer = tokens * layer_activations(s, a) + rows * length ** 2 * a  # + the float attention mask
+    saved = ([(f"checkpointed layer inputs, {rows} rows × {length} tokens", s.layers * tokens * s.hidden * a)]
+             if cfg.gradient_checkpointing else
+             [(f"saved activations, all layers, {rows} rows × {length} tokens", s.layers * per_layer)])
+    saved += [("final norm, hidden states, bool attention mask",
+               tokens * s.hidden * (4 + 2 * a) + rows * response * s.hidden * a + rows * length ** 2)]
+    chunk = min(cfg.logprob_chunk, rows * response)
+    # model._chunk_stats casts the head weight to fp32 and gets its fp32 gradient in every
+    # chunk's backward; in fp32 there is no cast, and the first chunk's gradient is .grad itself
+    head_copies = 2 if b != 4 else (1 if rows * response > chunk else 0)
+    head = [(f"log-prob head backward: [{chunk}, vocab] fp32 tensors",
+             chunk * s.vocab * 4 * (5 + 2 * (cfg.entropy_coef > 0))),
+            ("LM head weight as fp32 and its fp32 gradient", s.vocab * s.hidden * 4 * head_copies)]
+    layer = ([("one decoder layer recomputed", per_layer)] if cfg.gradient_checkpointing else [])
+    # its backward starts with the gradients of the layer output and of the MLP's inner product;
+    # later ones replace saved tensors the backward has already used
+    layer += [("a layer's backward: its first activation gradients", tokens * a * (s.intermediate + s.hidden))]
+    if t.mode == "fsdp":
+        layer.append(("a layer's unsharded gradients + fp32 reduce-scatter input", s.layer_params * (b + 4)))
+    step = [("AdamW step temporaries (GPU foreach: one fp32 copy; CPU: two of the largest tensor)",
+             s.params * 4 / shard if t.device == "cuda" else 2 * 4 * s.vocab * s.hidden)]
+    return [Phase("update: start of backward (log-prob head)", state + saved + head, "update"),
+            Phase("update: backward through a decoder layer", state + saved + layer, "update"),
+            Phase("update: optimizer step", state[:1] + step, "update")]
+
+
+def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[list, list]:
+    """(resident rows, phases) of one rank for this Config on `world` ranks of `device_type`
+    ("cpu": the fp32 DDP path the tests measure). Phase totals exclude the resident rows."""
+    t = target_for(cfg, world, device_type)
+    b_local = cfg.prompts_per_step // world
+    per_call = min(b_local, max(1, cfg.rollout_batch_size // cfg.group_size) if cfg.rollout_batch_size else b_local)
+    phases = generation_phases(cfg, shape, t, label="rollout", seqs=per_call * cfg.group_size,
+                               sampling=(cfg.temperature, cfg.top_p, cfg.top_k), chunks=cfg.max_chunks)
+    if cfg.eval_every:
+        n = cfg.eval_samples
+        phases += generation_phases(cfg, shape, t, label="eval", seqs=max(1, cfg.eval_batch_size // n) * n,
+                                    sampling=(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k),
+                                    chunks=cfg.eval_max_chunks or cfg.max_chunks)
+    return resident_rows(cfg, shape, t), phases + update_phases(cfg, shape, t)
+
+
+def peak(resident: list, phases: list) -> tuple[float, Phase]:
+    """(bytes, phase) of the largest phase total, resident state included."""
+    top = max(phases, key=lambda ph: ph.total)
+    return sum(n for _, n in resident) + top.total, top
+
+
+# ============================================================================ printing
+
+def _dtype(nbytes: int) -> str:
+    return {2: "bf16", 4: "fp32"}[nbytes]
+
+
+def plan_world(cfg) -> int:
+    """Ranks the plan assumes: --world-size, else this launch's WORLD_SIZE, else 1."""
+    world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.prompts_per_step % world:
+        raise DataError(f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks")
+    return world
+
+
+def format_plan(resident: list, phases: list) -> list[str]:
+    """The table, GiB per GPU: resident rows once, then each phase's own rows and its total."""
+    width = max(len(what) for _, rows in [(None, resident)] + [(None, ph.rows) for ph in phases]
+                for what, _ in rows) + 4
+    base = sum(n for _, n in resident)
+    lines = ["resident in every phase:"] + [f"  {what:<{width}}{n / GiB:8.2f}" for what, n in resident]
+    lines.append(f"  {'total':<{width}}{base / GiB:8.2f}")
+    for ph in phases:
+        lines.append(f"{ph.name}: resident +")
+        lines += [f"  {what:<{width}}{n / GiB:8.2f}" for what, n in ph.rows if n]
+        lines.append(f"  {'total':<{width}}{(base + ph.total) / GiB:8.2f}")
+    return lines
+
+
+def tensor_budget(cfg) -> float:
+    """Bytes of live tensors a GPU of cfg.gpu_memory GiB can hold: less the CUDA reserve, less
+    the allocator's slack. 80 GiB -> (80 − 1.5) / 1.1 = 71.4 GiB."""
+    return (cfg.gpu_memory * GiB - CUDA_RESERVE) / (1 + ALLOCATOR_SLACK)
+
+
+def print_plan(cfg) -> int:
+    """Print the per-GPU memory plan of cfg on cfg.world_size GPUs; return 0 if its peak fits
+    cfg.gpu_memory, else 1 after printing what to change."""
+    world = plan_world(cfg)
+    shape, source = find_shape(cfg.model, cfg.trust_remote_code)
+    t = target_for(cfg, world, "cuda")
+    resident, phases = estimate(cfg, shape, world, "cuda")
+    top, where = peak(resident, phases)
+    budget = tensor_budget(cfg)
+    print(f"memory plan for {cfg.model}: {shape.params / 1e9:.2f}B parameters ({shape.layers} layers of "
+          f"{shape.layer_params / 1e6:.1f}M), shape from {source}")
+    print(f"{t.mode} on {world} GPU(s), {_dtype(t.bytes)} compute, {cfg.plan_prompt_tokens}-token prompts "
+          f"(plan_prompt_tokens); GiB of tensors per GPU")
+    print("\n".join(format_plan(resident, phases)))
+    fits = top <= budget
+    need = top * (1 + ALLOCATOR_SLACK) + CUDA_RESERVE
+    print(f"peak {top / GiB:.2f} GiB ({where.name}); with {ALLOCATOR_SLACK:.0%} allocator slack and "
+          f"{CUDA_RESERVE / GiB:.1f} GiB CUDA reserve {need / GiB:.2f} GiB {'≤' if fits else '>'} gpu_memory "
+          f"{cfg.gpu_memory:g} GiB: {'fits' if fits else 'does not fit'}")
+    if "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"):
+        print("(the slack assumes PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, train.py's default; "
+              "without it rollouts measured up to 46% over their tensors)")
+    if not fits:
+        print("to fit, change (any one option of a line fixes the phases it names):")
+        for line in suggestions(cfg, shape, world, budget):
+            print("  " + line)
+    return 0 if fits else 1
+
+
+# ============================================================================ what to change
+
+def _fits(cfg, shape: Shape, world: int, budget: float, group: str = "all") -> bool:
+    """Whether every phase of `group` (or of all groups) fits the budget on `world` GPUs."""
+    resident, phases = estimate(cfg, shape, world, "cuda")
+    base = sum(n for _, n in resident)
+    return all(base + ph.total <= budget for ph in phases if group in ("all", ph.group))
+
+
+def _largest(ok, lo: int, hi: int) -> int | None:
+    """The largest n in [lo, hi] with ok(n), for an ok that holds up to some n and not above;
+    None if ok(lo) fails. ok = (n ≤ 300), [1, 1000] -> 300."""
+    if lo > hi or not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def _knobs(cfg, world: int) -> dict:
+    """Per group of phases, the fields that shrink it: (field, lowest and highest count of
+    units to try, unit); rollout_batch_size counts whole groups (unit G)."""
+    g, n, b_local = cfg.group_size, cfg.eval_samples, cfg.prompts_per_step // world
+    rows, length, _ = micro_batch(cfg, target_for(cfg, world, "cuda"))
+    per_call = min(b_local, cfg.rollout_batch_size // g or b_local)
+    prefill = ("prefill_chunk", 1, (cfg.prefill_chunk or cfg.plan_prompt_tokens + cfg.max_new_tokens) - 1, 1)
+    return {
+        "rollout": [("rollout_batch_size", 1, per_call - 1, g), prefill],  # whole groups per generate call
+        "eval": [("eval_batch_size", 1, max(1, cfg.eval_batch_size // n) - 1, n), prefill],
+        "update": [("max_tokens_per_micro_batch", length, rows * length - 1, 1),
+                   ("micro_batch_size", cfg.group_size if _whole_groups(cfg) else 1, rows - 1, 1),
+                   ("logprob_chunk", 1, cfg.logprob_chunk - 1, 1)],
+    }
+
+
+
+def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
+    """Concrete changes, one line per group of phases over budget, each option on its own
+    enough for that group (the largest value that fits), then all first options together."""
+    lines, together = [], {}
+    for group, knobs in _knobs(cfg, world).items():
+        if _fits(cfg, shape, world, budget, group):
+            continue
+        options = {}
+        if group == "update" and not cfg.gradient_checkpointing:
+            if _fits(dataclasses.replace(cfg, gradient_checkpointing=True), shape, world, budget, group):
+                options["gradient_checkpointing"] = True
+        for name, lo, hi, unit in knobs:
+            n = _largest(lambda k: _fits(dataclasses.replace(cfg, **{name: k * unit}), shape, world, budget, group),
+                         lo, hi)
+            if n is not None:
+                options[name] = n * unit
+        text = " or ".join(f"{k} true" if v is True else f"{k} ≤ {v}" for k, v in options.items())
+        lines.append(f"{group}: {text or 'no single setting is enough'}")
+        together.update(list(options.items())[:1])
+    if together:
+        new = dataclasses.replace(cfg, **together)
+        top, _ = peak(*estimate(new, shape, world, "cuda"))
+        settings = ", ".join(f"{k} {str(v).lower()}" for k, v in together.items())
+        lines.append(f"together: {settings} -> peak {top / GiB:.1f} GiB"
+                     f"{'' if top <= budget else ' (still over)'}")
+    return lines + _global_suggestions(cfg, shape, world, budget)
+
+
+def _global_suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
+    """Changes that shrink every phase: FSDP instead of DDP; more ranks (sharded state, fewer
+    prompts per rank)."""
+    out = []
+    if cfg.parallel == "ddp" and _fits(dataclasses.replace(cfg, parallel="fsdp"), shape, world, budget):
+        out.append("parallel fsdp (shards weights, gradients and AdamW moments over the ranks)")
+    more = next((w for w in range(world + 1, 257) if cfg.prompts_per_step % w == 0
+                 and _fits(cfg, shape, w, budget)), None)
+    out.append(f"more ranks: {more} fit as is" if more else
+               "more ranks alone are not enough (tried every count up to 256 that divides prompts_per_step)")
+    return out
