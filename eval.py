@@ -22,6 +22,7 @@ import json
 import math
 import sys
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
         if b % world == rank:
             batch = problems[start:start + batch_size]
             episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
-                                sampling=Sampling(temperature=0.0, max_new_tokens=sampling.max_new_tokens),
+                                sampling=replace(sampling, temperature=0.0),
                                 chunking=chunking)
             best.update({start + j: graded(task, e, tokenizer) for j, e in enumerate(episodes)})
     if world > 1:
@@ -174,7 +175,7 @@ def main(argv=None) -> None:
 
     from config import eval_settings, load_problems, validate
     from model import load_model, load_tokenizer
-    from parallel import autocast_context, compute_dtype, setup_distributed, teardown
+    from parallel import autocast_context, setup_distributed, teardown, weights_dtype
 
     args, cfg = parse_args(argv)
     try:
@@ -184,11 +185,11 @@ def main(argv=None) -> None:
             raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    cfg.parallel = "ddp"  # no training state to shard: each rank holds the model in the compute dtype
     rank, world, device = setup_distributed(cfg)
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
-    lm = load_model(cfg.model, dtype=compute_dtype(cfg, device), device=device,
+    # the weights as train.py's policy forward sees them, so that the numbers agree with its eval
+    lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
     settings = eval_settings(cfg)
     with autocast_context(cfg, device)():

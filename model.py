@@ -132,9 +132,9 @@ def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_sta
 
 def load_trainer_state(path: Path) -> dict:
     file = Path(path) / "trainer_state.pt"
-    if not file.is_file():
-        raise FileNotFoundError(f"--resume {path}: no trainer_state.pt there; point --resume at a "
-                                f"checkpoints/step-N folder written by train.py")
+    if not file.is_file() or not (Path(path) / "train_state" / ".metadata").is_file():
+        raise FileNotFoundError(f"--resume {path}: no trainer_state.pt and train_state/ there; point --resume "
+                                f"at a checkpoints/step-N folder written by train.py (since it saves train_state/)")
     return torch.load(file, map_location="cpu", weights_only=True)
 
 

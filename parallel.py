@@ -10,9 +10,10 @@ in torch itself):
     and reduce-scatter fp32 gradients (MixedPrecisionPolicy);
   - a rollout gathers all weights once (`full_weights`), not once per generated token, so
     generate runs a bf16 model with a bf16 KV cache.
-Checkpoints: the HF weights are gathered one tensor at a time onto global rank 0 (one full copy in
-the saved dtype, never two); the fp32 weights and AdamW state go to torch.distributed.checkpoint
-as they are sharded (every rank writes its part), so a run saved on N ranks resumes on M.
+Checkpoints: the HF weights are all-gathered one tensor at a time and only global rank 0 keeps a
+CPU copy (one full copy in the saved dtype, never two); the fp32 weights and AdamW state go to
+torch.distributed.checkpoint as they are sharded (every rank writes its part), so a run saved on
+N ranks resumes on M.
 Several nodes are the same program: ranks are global, devices node-local, and only global rank 0
 writes single files (the run directory must be on a filesystem every node sees).
 """
@@ -26,7 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -39,6 +41,13 @@ def compute_dtype(cfg, device) -> torch.dtype:
     """bf16 when asked, or on CUDA by default; fp32 otherwise (the CPU default)."""
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     return torch.bfloat16 if bf16 else torch.float32
+
+
+def weights_dtype(cfg, device) -> torch.dtype:
+    """The dtype a model's weights are held in when nothing trains them (a reference model, eval.py):
+    the one the policy's forward sees, so their log-probs match — bf16 under FSDP's mixed precision,
+    fp32 under DDP (autocast casts only matmul inputs; norms, embeddings and rotary stay fp32)."""
+    return compute_dtype(cfg, device) if parallel_mode(cfg, device) == "fsdp" else torch.float32
 
 
 def autocast_context(cfg, device):
@@ -60,7 +69,8 @@ def setup_distributed(cfg):
     whenever there is more than one rank or FSDP is asked for (FSDP needs one, even of size 1)."""
     # Generation grows the KV cache a token at a time: without expandable segments, CUDA's caching
     # allocator reserved up to 46% more than the live tensors in a rollout (H100), against 4-8%.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if "PYTORCH_ALLOC_CONF" not in os.environ:  # (torch ≥ 2.9's name; the CUDA one still works)
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     timeout = timedelta(minutes=cfg.dist_timeout)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
@@ -168,16 +178,24 @@ def full_state_dict(lm, dtype: torch.dtype) -> dict:
 
 def save_train_state(path, lm, optimizer) -> None:
     """fp32 weights and AdamW state as they lie (sharded under FSDP), every rank writing its part:
-    what --resume restores exactly, on this or any other number of ranks."""
-    model_state, optim_state = get_state_dict(lm, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
+    what --resume restores exactly, on this or any other number of ranks. An optimizer that has not
+    stepped yet is left out: DCP would give it a zero-gradient step to have a state to save, and
+    the run's first real step would then be bias-corrected as its second."""
+    state = {"model": get_model_state_dict(lm)}
+    if optimizer.state:
+        state["optimizer"] = get_optimizer_state_dict(lm, optimizer)
+    dcp.save(state, checkpoint_id=str(path))
 
 
 def load_train_state(path, lm, optimizer) -> None:
-    model_state, optim_state = get_state_dict(lm, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    state = {"model": get_model_state_dict(lm)}
+    if any(key.startswith("optimizer.") for key in saved):
+        state["optimizer"] = get_optimizer_state_dict(lm, optimizer)
     dcp.load(state, checkpoint_id=str(path))  # reshards to this run's ranks
-    set_state_dict(lm, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_model_state_dict(lm, state["model"])
+    if "optimizer" in state:
+        set_optimizer_state_dict(lm, optimizer, state["optimizer"])
 
 
 def gather_objects(obj, world: int) -> list:

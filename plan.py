@@ -312,6 +312,9 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
         phases += generation_phases(cfg, shape, t, label="eval", seqs=max(1, cfg.eval_batch_size // n) * n,
                                     sampling=(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k),
                                     chunks=cfg.eval_max_chunks or cfg.max_chunks)
+    if t.mode == "fsdp":  # every rank loads the whole fp32 model before fully_shard splits it
+        phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
+                                                                              shape.params * 4)], "load"))
     return resident_rows(cfg, shape, t), phases + update_phases(cfg, shape, t)
 
 
@@ -374,7 +377,8 @@ def print_plan(cfg) -> int:
     print(f"peak {top / GiB:.2f} GiB ({where.name}); with {ALLOCATOR_SLACK:.0%} allocator slack and "
           f"{CUDA_RESERVE / GiB:.1f} GiB CUDA reserve {need / GiB:.2f} GiB {'≤' if fits else '>'} gpu_memory "
           f"{cfg.gpu_memory:g} GiB: {'fits' if fits else 'does not fit'}")
-    if "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"):
+    alloc = os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))
+    if "expandable_segments:True" not in alloc:
         print("(the slack assumes PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, train.py's default; "
               "without it rollouts measured up to 46% over their tensors)")
     if not fits:

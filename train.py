@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
+from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
 import algos
@@ -48,7 +49,7 @@ from eval import evaluate
 from model import ResponseLogProbs, count_parameters, load_model, load_tokenizer, load_trainer_state, save_checkpoint
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_state_dict,
                       full_weights, gather_objects, grad_sync, load_train_state, parallel_mode, save_train_state,
-                      setup_distributed, teardown, wrap)
+                      setup_distributed, teardown, weights_dtype, wrap)
 from plan import print_plan
 from rewards import overlong_penalty
 from rollout import Episode, Sampling, collate, encode_prompts, generate
@@ -369,7 +370,7 @@ def say(rank: int, *msg) -> None:
 def main(argv=None) -> None:
     try:
         cfg = parse_config(argv)
-        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
         if cfg.plan:
             sys.exit(print_plan(cfg))
         task, train_problems, heldout = load_problems(cfg)
@@ -391,13 +392,14 @@ def main(argv=None) -> None:
 
     autocast, dtype, mode = autocast_context(cfg, device), compute_dtype(cfg, device), parallel_mode(cfg, device)
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    hf_config = AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)  # as saved: dropout kept
     lm = load_model(cfg.resume or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code,
                     gradient_checkpointing=cfg.gradient_checkpointing)  # fp32: the master weights
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
     ref_scorer = None
-    if cfg.beta > 0:  # frozen, so it needs no fp32 master copy
-        ref_lm = load_model(cfg.model, dtype=dtype, device=device, trust_remote_code=cfg.trust_remote_code,
-                            trainable=False)
+    if cfg.beta > 0:  # frozen: no fp32 master copy, the weights as the policy's forward sees them
+        ref_lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
+                            trust_remote_code=cfg.trust_remote_code, trainable=False)
         ref_scorer = wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world, device=device,
                           dtype=dtype, trainable=False)
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -427,7 +429,7 @@ def main(argv=None) -> None:
         weights = full_state_dict(lm, save_dtype)  # every rank joins the gathers; rank 0 keeps them
         if rank == 0:
             state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict()}
-            save_checkpoint(path, config=lm.config, tokenizer=tokenizer, weights=weights, trainer_state=state)
+            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state)
         del weights
         save_train_state(path / "train_state", lm, optimizer)
 

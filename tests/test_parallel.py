@@ -20,8 +20,9 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPT
                           OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 import algos
+from config import Config
 from model import ResponseLogProbs, load_model, load_tokenizer
-from parallel import full_weights, wrap
+from parallel import autocast_context, full_weights, load_train_state, save_train_state, weights_dtype, wrap
 from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate
 from test_invariance import config, make_episodes, one_update
@@ -286,3 +287,33 @@ def test_dropout_is_off_in_train_mode(build, tmp_path):
     assert lm.training
     old, new = two_forwards(lm, batch)
     assert torch.equal(old, new)
+
+
+# ============================================================================ 5. train state
+
+def test_train_state_saved_before_any_step_gives_adamw_no_step(random_model_dir, tmp_path):
+    """A checkpoint before the first optimizer step (PSR with nothing correct, say) must not
+    change the run: DCP would give a fresh AdamW a zero-gradient step to have a state to save,
+    and the first real step would then be bias-corrected as the second."""
+    lm = load_model(random_model_dir)
+    optimizer = torch.optim.AdamW(lm.parameters(), lr=0.1)
+    save_train_state(tmp_path / "ts", lm, optimizer)
+    assert not optimizer.state
+    fresh = load_model(random_model_dir)
+    reloaded = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    load_train_state(tmp_path / "ts", fresh, reloaded)
+    assert not reloaded.state
+    assert all(torch.equal(p, q) for p, q in zip(lm.parameters(), fresh.parameters()))
+
+
+def test_reference_equals_the_policy_at_step_0_under_ddp_and_bf16_autocast(random_model_dir):
+    """Under DDP the policy keeps fp32 weights and bf16 autocast casts only matmul inputs, so the
+    frozen reference must keep fp32 weights too: a bf16 copy differs by ~0.05 nats a token, and
+    the KL term would push the policy away from itself at step 0."""
+    cfg = Config(precision="bf16", parallel="ddp")
+    batch = collate(make_episodes(), 0, CPU)
+    args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)
+    policy = ResponseLogProbs(load_model(random_model_dir))
+    ref = ResponseLogProbs(load_model(random_model_dir, dtype=weights_dtype(cfg, CPU), trainable=False))
+    with torch.no_grad(), autocast_context(cfg, CPU)():
+        assert torch.equal(policy(*args)["logp"], ref(*args)["logp"])

@@ -54,7 +54,7 @@ def test_config_errors(tmp_path, monkeypatch):
     assert "prompts_per_step=16 must be divisible by the 3 ranks" in run_main([])
     monkeypatch.delenv("WORLD_SIZE")
     assert "eval_k=[1, 8]" in run_main(["--eval-k", "1,8"])
-    assert "no trainer_state.pt" in run_main(["--resume", str(tmp_path)])
+    assert "no trainer_state.pt and train_state/" in run_main(["--resume", str(tmp_path)])
     assert "train_on='some'" in run_main(["--train-on", "some"])
     assert "rover_adv='z'" in run_main(["--algo", "rover", "--rover-adv", "z"])
     assert "micro_batch_size=4 must be ≥ group_size=8" in run_main(["--algo", "pacs", "--micro-batch-size", "4"])
