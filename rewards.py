@@ -19,6 +19,7 @@ Rewards are 0/1. `overlong_penalty` is the DAPO soft length penalty added on top
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import queue
@@ -27,6 +28,7 @@ import re
 import subprocess
 import sys
 import threading
+import unicodedata
 import weakref
 from dataclasses import dataclass
 from fractions import Fraction
@@ -51,9 +53,53 @@ class Problem:
 # ----------------------------------------------------------------------------- answer tags
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
-    """Content of the last <tag>...</tag>, stripped: "a <answer> 7 </answer>" -> "7"."""
-    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+    """Content of the last <tag>...</tag>, stripped: "a <answer> 7 </answer>" -> "7".
+
+    Pairs are read left to right, so a stray opening tag stays in the content:
+    "<answer>x <answer>7</answer>" -> "x <answer>7". Linear in len(text): the text is cut after
+    the last closing tag first, so every opening tag the regex tries has a closing tag after it
+    (a run of unclosed tags made the plain findall quadratic: 1 MB did not finish in 90 s).
+    """
+    end = text.rfind(f"</{tag}>")
+    if end < 0:
+        return None
+    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text[:end + len(tag) + 3], flags=re.DOTALL)
     return found[-1].strip() if found else None
+
+
+def answer_window(response: str, chars: int, tag: str = "answer") -> str:
+    """The part of a response that can hold its last <tag> pair, at most `chars` characters
+    before the last closing tag: a model's output is hostile input, so graders look at a bounded
+    slice. Nothing after the last closing tag can change the last pair, so it is dropped; a pair
+    that starts more than `chars` before that closing tag is not a sane answer and is cut.
+    answer_window("think... <answer>54</answer> more", 12) -> ". <answer>54</answer>"."""
+    end = response.rfind(f"</{tag}>")
+    if end < 0:
+        return ""
+    return response[max(0, end - chars):end + len(tag) + 3]
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@dataclass
+class Verdict:
+    """A grader's decision on one response."""
+    reward: float  # 1.0 correct, else 0.0
+    answer: str | None = None  # the extracted final answer, normalised; maj@n votes on it
+    failure: str = ""  # "timeout" or "error" when the grader could not decide (reward 0)
+
+
+def grades_safely(grade):
+    """Wrap a task's grade(problem, response) so that any exception scores 0 with
+    Verdict.failure "error" (counted in reward/grader_failures) instead of ending the run."""
+    @functools.wraps(grade)
+    def wrapped(self, problem: Problem, response: str) -> Verdict:
+        try:
+            return grade(self, problem, response)
+        except Exception:  # noqa: BLE001 - a grader bug on one response must not kill training
+            return Verdict(0.0, failure="error")
+    return wrapped
 
 
 def last_boxed(text: str) -> str | None:
@@ -80,17 +126,6 @@ def gold_answer(raw: str) -> str:
     if "####" in raw:
         return raw.split("####")[-1].strip()
     return last_boxed(raw) or raw.strip()
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-@dataclass
-class Verdict:
-    """A grader's decision on one response."""
-    reward: float  # 1.0 correct, else 0.0
-    answer: str | None = None  # the extracted final answer, normalised; maj@n votes on it
-    failure: str = ""  # "timeout" or "error" when the grader could not decide (reward 0)
 
 
 # ----------------------------------------------------------------------------- math grading
@@ -240,11 +275,26 @@ class RunningSumTask:
             total += t
         return " ".join(steps) + f" <answer>{total}</answer>"
 
+    # str(int) refuses more than 4,300 digits (sys.int_info), so no gold sum is longer; twice that
+    # leaves room for spaces around it
+    ANSWER_CHARS = 8192
+
+    @grades_safely
     def grade(self, problem: Problem, response: str) -> Verdict:
-        pred = extract_tag(response)
+        pred = extract_tag(answer_window(response, self.ANSWER_CHARS))
         if pred is None or re.fullmatch(r"-?\d+", pred) is None:
             return Verdict(0.0, pred)
-        return Verdict(float(int(pred) == int(problem.answer)), str(int(pred)))
+        answer = canonical_integer(pred)
+        return Verdict(float(answer == canonical_integer(problem.answer)), answer)
+
+
+def canonical_integer(digits: str) -> str:
+    """An integer written as `-?\\d+` in the form str(int(x)) gives, without int(), which is
+    quadratic and refuses more than 4,300 digits: "-007" -> "-7", "-0" -> "0", "١٢" -> "12"
+    (\\d and int() accept any Unicode decimal digit, so the grader keeps accepting them)."""
+    sign, digits = ("-", digits[1:]) if digits.startswith("-") else ("", digits)
+    digits = "".join(str(unicodedata.decimal(c)) for c in digits).lstrip("0")
+    return sign + digits if digits else "0"
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -260,12 +310,20 @@ class ExpressionError(ValueError):
     pass
 
 
+# Bounds that keep parsing a hostile expression fast and off Python's recursion limit. A correct
+# countdown answer combines four numbers below 100: at most a few levels of parentheses, and no
+# numerator or denominator above 99**4 (27 bits) at any step.
+MAX_NESTING = 64  # parentheses plus unary minus signs open at once
+MAX_LITERAL_CHARS = 100  # digits in one number (int() is quadratic and refuses 4,301+)
+MAX_BITS = 256  # of any numerator or denominator: a chain of products cannot grow without end
+
+
 def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
     """Evaluate + - * / ( ) over integers exactly, returning (value, integers used).
 
     "(1 + 2) / 3" -> (Fraction(1), [1, 2, 3]). Raises ExpressionError on anything else,
-    including division by zero. A hand-written recursive-descent parser: model output is
-    never passed to Python's eval.
+    including division by zero and going past MAX_NESTING, MAX_LITERAL_CHARS or MAX_BITS.
+    A hand-written recursive-descent parser: model output is never passed to Python's eval.
     """
     tokens = re.findall(r"\d+|[-+*/()]|\S", expr)
     pos, used = 0, []
@@ -278,40 +336,49 @@ def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
         pos += 1
         return tokens[pos - 1]
 
-    def atom() -> Fraction:
+    def bounded(val: Fraction) -> Fraction:
+        if max(val.numerator.bit_length(), val.denominator.bit_length()) > MAX_BITS:
+            raise ExpressionError("number too large")
+        return val
+
+    def atom(depth: int) -> Fraction:
         tok = take() if peek() is not None else None
         if tok is None:
             raise ExpressionError("unexpected end")
+        if depth > MAX_NESTING:
+            raise ExpressionError("nested too deep")
         if tok == "-":
-            return -atom()
+            return -atom(depth + 1)
         if tok == "(":
-            val = expression()
+            val = expression(depth + 1)
             if peek() != ")":
                 raise ExpressionError("missing )")
             take()
             return val
-        if tok.isdigit():
+        if tok.isdecimal():  # not isdigit(): "²" is a digit that int() refuses
+            if len(tok) > MAX_LITERAL_CHARS:
+                raise ExpressionError("number too long")
             used.append(int(tok))
-            return Fraction(int(tok))
+            return bounded(Fraction(int(tok)))
         raise ExpressionError(f"unexpected {tok!r}")
 
-    def term() -> Fraction:
-        val = atom()
+    def term(depth: int) -> Fraction:
+        val = atom(depth)
         while peek() in ("*", "/"):
-            op, rhs = take(), atom()
+            op, rhs = take(), atom(depth)
             if op == "/" and rhs == 0:
                 raise ExpressionError("division by zero")
-            val = val * rhs if op == "*" else val / rhs
+            val = bounded(val * rhs if op == "*" else val / rhs)
         return val
 
-    def expression() -> Fraction:
-        val = term()
+    def expression(depth: int) -> Fraction:
+        val = term(depth)
         while peek() in ("+", "-"):
-            op, rhs = take(), term()
-            val = val + rhs if op == "+" else val - rhs
+            op, rhs = take(), term(depth)
+            val = bounded(val + rhs if op == "+" else val - rhs)
         return val
 
-    value = expression()
+    value = expression(0)
     if pos != len(tokens):
         raise ExpressionError(f"trailing {tokens[pos]!r}")
     return value, used
@@ -336,9 +403,14 @@ class CountdownTask:
                 return Problem(prompt=prompt, answer=json.dumps({"numbers": nums,
                                                                   "target": int(target)})), nums
 
+    # a correct equation of four numbers below 100 is some 20 characters; 1,024 leaves room for
+    # spaces and bounds the parser's work
+    ANSWER_CHARS = 1024
+
+    @grades_safely
     def grade(self, problem: Problem, response: str) -> Verdict:
         gold = json.loads(problem.answer)
-        expr = extract_tag(response)
+        expr = extract_tag(answer_window(response, self.ANSWER_CHARS))
         if expr is None:
             return Verdict(0.0)
         try:
