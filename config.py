@@ -19,6 +19,7 @@ import algos
 from algos.grpo import ADV_NORMS, LOSS_AGGS
 from algos.pacs import PACS_PSIS
 from algos.rover import ROVER_ADVS
+from checkpoint import resolve_resume, saved_config
 from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_file, make_task
 from rollout import Chunking, Sampling
 
@@ -37,13 +38,15 @@ class Config:
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
     max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
     seed: int = 0  # fixes data order, sampling and everything else
-    resume: str = ""  # a checkpoints/step-N folder to continue from
+    resume: str = ""  # continue a run: its folder (newest checkpoint), a checkpoints/step-N folder, or auto (--out's, if any)
     # --- task
     sum_min_terms: int = 3  # running_sum: fewest integers to add
     sum_max_terms: int = 5  # running_sum: most integers to add
     sum_digits: int = 2  # running_sum: digits per integer
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     grade_timeout: float = 10.0  # seconds per math-verify grading (file tasks); over it scores 0, counted
+    grade_workers: int = 4  # math-verify worker processes per rank, grading a batch in parallel (file tasks)
+    grade_budget: float = 120.0  # seconds a rank may spend grading one batch; the rest scores 0, counted; 0 = no limit
     # --- batch sizes
     prompts_per_step: int = 16  # B: prompts per rollout batch, over all ranks
     group_size: int = 8  # G: responses sampled per prompt
@@ -104,6 +107,7 @@ class Config:
     eval_batch_size: int = 256  # sequences per generate call at eval; eval samples depend on it
     # --- checkpoints and logs
     save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
+    keep_checkpoints: int = 0  # keep only the newest this-many checkpoints; 0 = keep all
     log_samples: int = 2  # completions written to samples.jsonl per step
     # --- system
     parallel: str = "auto"  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded over ranks) | auto: fsdp on CUDA, else ddp
@@ -130,9 +134,14 @@ def parse_config(argv=None) -> Config:
                             help=_help(f.name), metavar=kind.__name__.upper(), **flag)
     cli = vars(parser.parse_args(argv))
     file_values = _read_yaml(cli["config"]) if cli.get("config") else {}
-    algo = cli.get("algo", file_values.get("algo", Config.algo))
-    values = {**algos.get(algo).preset, **file_values, **cli}
-    return Config(**values)
+    given = {**file_values, **cli}
+    base = algos.get(given.get("algo", Config.algo)).preset
+    if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
+        _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
+        if checkpoint is not None:
+            known = {f.name for f in fields(Config)}
+            base = {k: v for k, v in saved_config(checkpoint).items() if k in known}
+    return Config(**{**base, **given})
 
 
 def _kind(name: str) -> type:
@@ -195,6 +204,9 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.group_size >= 1 and cfg.epochs >= 1 and cfg.micro_batch_size >= 1,
          "group_size, epochs and micro_batch_size must be ≥ 1"),
         (cfg.adv_norm != "rloo" or cfg.group_size >= 2, "adv_norm=rloo needs group_size ≥ 2"),
+        (not cfg.dynamic_sampling or cfg.group_size >= 2,
+         "dynamic_sampling keeps only groups whose rewards differ, which a group of one never has: "
+         "group_size ≥ 2 (or dynamic_sampling false)"),
         (cfg.adv_norm in ADV_NORMS, f"adv_norm={cfg.adv_norm!r}: choose one of {ADV_NORMS}"),
         (cfg.loss_agg in LOSS_AGGS, f"loss_agg={cfg.loss_agg!r}: choose one of {LOSS_AGGS}"),
         (cfg.std_estimator in ("unbiased", "population"),
@@ -221,9 +233,10 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.temperature > 0, "temperature must be > 0 for RL rollouts (log-probs use z/τ)"),
         (cfg.max_steps >= 1 and cfg.max_new_tokens >= 1, "max_steps and max_new_tokens must be ≥ 1"),
         (cfg.eval_temperature >= 0 and 0 < cfg.eval_top_p <= 1 and cfg.eval_batch_size >= 1
-         and cfg.eval_problems >= 0 and cfg.grade_timeout > 0,
+         and cfg.eval_problems >= 0 and cfg.grade_timeout > 0 and cfg.grade_workers >= 1
+         and cfg.grade_budget >= 0 and cfg.keep_checkpoints >= 0,
          "eval_temperature must be ≥ 0, eval_top_p in (0, 1], eval_batch_size ≥ 1, eval_problems ≥ 0, "
-         "grade_timeout > 0"),
+         "grade_timeout > 0, grade_workers ≥ 1, grade_budget ≥ 0, keep_checkpoints ≥ 0"),
         (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
          f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
         (cfg.precision in ("auto", "fp32", "bf16") and cfg.save_dtype in ("auto", "fp32", "bf16"),
@@ -271,7 +284,8 @@ def eval_settings(cfg: Config) -> dict:
 def load_problems(cfg: Config):
     """(task, train problems, held-out problems), read and checked before any model is loaded."""
     task = make_task(cfg.data, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
-                     sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout)
+                     sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout,
+                     grade_workers=cfg.grade_workers, grade_budget=cfg.grade_budget)
     if cfg.data in BUILTIN_TASKS:
         train, heldout = builtin_splits(task)
     else:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from rewards import grade_batch
 from rollout import Chunking, Sampling, encode_prompts, generate
 
 PRESETS = {  # sampling at eval; "paper": ROVER, PACS and NSR evaluation settings (SPEC §6)
@@ -56,12 +58,13 @@ def majority(samples: list[dict]) -> tuple[str | None, float]:
     return top, next(s["reward"] for s in samples if s["answer"] == top)
 
 
-def graded(task, episode, tokenizer) -> dict:
-    """A response's record; a trace of several chunks also keeps what each chunk wrote."""
-    verdict = task.grade(episode.problem, episode.text)
-    return {"response": episode.text, "answer": verdict.answer, "reward": verdict.reward,
-            "failure": verdict.failure, "length": len(episode.response_ids), "truncated": episode.truncated,
-            **({"chunks": episode.chunk_texts(tokenizer)} if len(episode.chunks) > 1 else {})}
+def graded(task, episodes, tokenizer) -> list[dict]:
+    """Each response's record; a trace of several chunks also keeps what each chunk wrote."""
+    verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes])
+    return [{"response": e.text, "answer": v.answer, "reward": v.reward, "failure": v.failure,
+             "length": len(e.response_ids), "truncated": e.truncated,
+             **({"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})}
+            for e, v in zip(episodes, verdicts)]
 
 
 def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
@@ -108,8 +111,9 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
         torch.manual_seed(seed + b)
         episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
                             group_size=n, sampling=sampling, chunking=chunking)
+        records = graded(task, episodes, tokenizer)
         for j in range(len(batch)):
-            samples[start + j] = [graded(task, e, tokenizer) for e in episodes[j * n:(j + 1) * n]]
+            samples[start + j] = records[j * n:(j + 1) * n]
     # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
     for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
         if b % world == rank:
@@ -117,7 +121,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
             episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
                                 sampling=replace(sampling, temperature=0.0),
                                 chunking=chunking)
-            best.update({start + j: graded(task, e, tokenizer) for j, e in enumerate(episodes)})
+            best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer))})
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, (samples, best))
@@ -132,7 +136,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
     from config import _parser_for, parse_config
-    from rewards import BUILTIN_TASKS, DataError
+    from rewards import BUILTIN_TASKS
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -155,10 +159,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="", help="output folder (default runs/eval-<timestamp>)")
     parser.add_argument("--step", type=int, help="TensorBoard step (default: N of a checkpoints/step-N path, else 0)")
     args, rest = parser.parse_known_args(argv)
-    try:
-        cfg = parse_config(rest)
-    except DataError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(rest)
     overrides = {} if cfg.config else {"eval_problems": 0}
     overrides.update(PRESETS[args.preset])
     overrides.update({k: v for k, v in vars(args).items() if k.startswith("eval_") and v is not None})
@@ -173,21 +174,27 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
+    from checkpoint import CheckpointError
     from config import eval_settings, load_problems, validate
-    from model import load_model, load_tokenizer
-    from parallel import autocast_context, setup_distributed, teardown, weights_dtype
+    from model import check_model_folder, load_model
+    from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
-    args, cfg = parse_args(argv)
+    first = os.environ.get("RANK", "0") == "0"  # every rank finds the same mistake; one says it
     try:
+        args, cfg = parse_args(argv)
         validate(cfg, world=1)
         task, _, problems = load_problems(cfg)
         if not problems:
             raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        tokenizer, _ = check_model_folder(cfg.model, cfg.trust_remote_code)
+        out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
+        if first:
+            writable(out)  # now, not after all the sampling
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        sys.exit(f"error: {e}" if first else 1)
     rank, world, device = setup_distributed(cfg)
+    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the folder
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
-    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     # the weights as train.py's policy forward sees them, so that the numbers agree with its eval
     lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
@@ -195,15 +202,24 @@ def main(argv=None) -> None:
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
-        write_results(args, cfg, settings, metrics, records)
+        write_results(out, args, cfg, settings, metrics, records)
     teardown()
 
 
-def write_results(args, cfg, settings: dict, metrics: dict, records: list[dict]) -> None:
+def writable(out: Path) -> None:
+    """Create the output folder and prove it takes a file, or say why not."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror}); choose another folder") from None
+
+
+def write_results(out: Path, args, cfg, settings: dict, metrics: dict, records: list[dict]) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
-    out.mkdir(parents=True, exist_ok=True)
     with (out / "problems.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")

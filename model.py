@@ -12,10 +12,50 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+
+def check_model_folder(path: str, trust_remote_code: bool = False):
+    """(tokenizer, HF config) of a local model folder, before any weight is read; every problem
+    is a ValueError naming the folder and what it lacks (HF would say it tried the hub)."""
+    folder = Path(path)
+    needs = "a local HF model folder (config.json, model.safetensors or its index, tokenizer files)"
+    if not folder.is_dir():
+        raise ValueError(f"--model {path}: no such folder; give {needs}")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--model {path}: no config.json there; give {needs}")
+    if not any(folder.glob("*.safetensors")) and not (folder / "model.safetensors.index.json").is_file():
+        raise ValueError(f"--model {path}: no .safetensors weights there (.bin weights are not loaded: "
+                         f"save the model again with save_pretrained)")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {path}: cannot load its config or tokenizer ({first})") from None
+    return tokenizer, config
+
+
+def check_context(tokenizer, config, prompts: list[str], encode, new_tokens: int) -> None:
+    """Every prompt plus `new_tokens` must fit the model's context (max_position_embeddings).
+    encode(prompts) -> token id lists. A prompt is tokenized only when its UTF-8 length plus the
+    template's tokens could exceed the limit: no tokenizer makes more tokens than bytes."""
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    overhead = len(encode([""])[0])
+    suspects = [i for i, p in enumerate(prompts) if len(p.encode("utf-8", "replace")) + overhead + new_tokens > limit]
+    lengths = dict(zip(suspects, map(len, encode([prompts[i] for i in suspects]))))
+    too_long = [i for i, n in lengths.items() if n + new_tokens > limit]
+    if too_long:
+        i = max(too_long, key=lengths.get)
+        raise ValueError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit} tokens with "
+                         f"{new_tokens} new tokens: the longest, number {i + 1} ({prompts[i][:60]!r}...), has "
+                         f"{lengths[i]} tokens; lower max_new_tokens or drop such prompts from the data")
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
@@ -118,10 +158,12 @@ class ResponseLogProbs(nn.Module):
         return out
 
 
-def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict) -> None:
+def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict, run_config: dict) -> None:
     """An HF-loadable folder (config.json, model.safetensors with `weights`, the tokenizer) plus
-    the trainer state (step, data position, scheduler) for --resume."""
+    what --resume reads: the trainer state (step, data position, scheduler, ranks) and the run's
+    Config (train_config.yaml)."""
     path.mkdir(parents=True, exist_ok=True)
+    (path / "train_config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
     config = copy.deepcopy(config)
     config.dtype = next(iter(weights.values())).dtype  # what from_pretrained(dtype="auto") loads
     config.save_pretrained(path)
@@ -131,11 +173,7 @@ def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_sta
 
 
 def load_trainer_state(path: Path) -> dict:
-    file = Path(path) / "trainer_state.pt"
-    if not file.is_file() or not (Path(path) / "train_state" / ".metadata").is_file():
-        raise FileNotFoundError(f"--resume {path}: no trainer_state.pt and train_state/ there; point --resume "
-                                f"at a checkpoints/step-N folder written by train.py (since it saves train_state/)")
-    return torch.load(file, map_location="cpu", weights_only=True)
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=True)
 
 
 def count_parameters(model) -> str:

@@ -14,6 +14,8 @@ Three kinds:
   question with answer. Graded by HF math-verify (`MathGrader`) in a worker process with a time
   limit: the gold answer is parsed first, the response's last \\boxed{} has priority, then
   GSM8K's "#### x", an <answer> tag, any LaTeX or number math-verify finds, the last number.
+  The worker sees at most MATH_ANSWER_CHARS of the response. `grade_batch` grades a batch with a
+  pool of workers (one slow answer holds up one worker) under an optional wall-clock budget.
 
 Rewards are 0/1. `overlong_penalty` is the DAPO soft length penalty added on top when asked.
 """
@@ -28,8 +30,10 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -55,16 +59,15 @@ class Problem:
 def extract_tag(text: str, tag: str = "answer") -> str | None:
     """Content of the last <tag>...</tag>, stripped: "a <answer> 7 </answer>" -> "7".
 
-    Pairs are read left to right, so a stray opening tag stays in the content:
-    "<answer>x <answer>7</answer>" -> "x <answer>7". Linear in len(text): the text is cut after
-    the last closing tag first, so every opening tag the regex tries has a closing tag after it
-    (a run of unclosed tags made the plain findall quadratic: 1 MB did not finish in 90 s).
+    The content follows the last opening tag before the last closing tag, so a stray opening tag
+    earlier cannot swallow the answer: "<answer>x <answer>7</answer>" -> "7". Two rfind calls:
+    linear in len(text) on any input (a regex over a run of unclosed tags was quadratic).
     """
     end = text.rfind(f"</{tag}>")
-    if end < 0:
+    start = text.rfind(f"<{tag}>", 0, max(end, 0))
+    if start < 0:
         return None
-    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text[:end + len(tag) + 3], flags=re.DOTALL)
-    return found[-1].strip() if found else None
+    return text[start + len(tag) + 2:end].strip()
 
 
 def answer_window(response: str, chars: int, tag: str = "answer") -> str:
@@ -80,6 +83,8 @@ def answer_window(response: str, chars: int, tag: str = "answer") -> str:
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_BRACES = re.compile(r"[{}]")
+_BRACELESS_BOX = re.compile(r" +([^\s$]+)")  # "\\boxed 5"
 
 
 @dataclass
@@ -87,7 +92,7 @@ class Verdict:
     """A grader's decision on one response."""
     reward: float  # 1.0 correct, else 0.0
     answer: str | None = None  # the extracted final answer, normalised; maj@n votes on it
-    failure: str = ""  # "timeout" or "error" when the grader could not decide (reward 0)
+    failure: str = ""  # "timeout", "budget" or "error" when the grader could not decide (reward 0)
 
 
 def grades_safely(grade):
@@ -102,21 +107,32 @@ def grades_safely(grade):
     return wrapped
 
 
-def last_boxed(text: str) -> str | None:
+class AnswerTooLong(ValueError):
+    """A final answer longer than MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
+
+
+def last_boxed(text: str, max_chars: int | None = None) -> str | None:
     """Content of the last \\boxed{...} or \\fbox{...}, with nested braces, as MATH solutions write
-    them: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"; the brace-less "\\boxed 5" -> "5"."""
+    them: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"; the brace-less "\\boxed 5" -> "5"; None when
+    there is none or it is unclosed. Given max_chars, at most max_chars + 2 characters after the
+    macro are read, and a box that does not end within them raises AnswerTooLong."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]  # after "\\boxed" / "\\fbox"
-    if not rest.startswith("{"):
-        found = re.match(r" +([^\s$]+)", rest)
+    i = start + (6 if text.startswith("\\boxed", start) else 5)  # after "\\boxed" / "\\fbox"
+    end = len(text) if max_chars is None else min(len(text), i + max_chars + 2)  # + the braces
+    if not text.startswith("{", i):
+        found = _BRACELESS_BOX.match(text, i, end)
+        if found and found.end() == end < len(text):  # the token may go on past what was read
+            raise AnswerTooLong
         return found.group(1) if found else None
-    i, depth = len(text) - len(rest) + 1, 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
+    depth = 0
+    for brace in _BRACES.finditer(text, i, end):
+        depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[i:j].strip()
+            return text[i + 1:brace.start()].strip()
+    if end < len(text):
+        raise AnswerTooLong
     return None
 
 
@@ -130,6 +146,17 @@ def gold_answer(raw: str) -> str:
 
 # ----------------------------------------------------------------------------- math grading
 
+MATH_ANSWER_CHARS = 4096  # the most of a response a math worker sees: sane final answers are far shorter
+
+
+class _NoReply(Exception):
+    """A math worker gave no reply; `failure` says why: "timeout", "budget" or "error"."""
+
+    def __init__(self, failure: str):
+        super().__init__(failure)
+        self.failure = failure
+
+
 class MathGrader:
     """HF math-verify in a child process, one answer at a time under a wall-clock limit.
 
@@ -137,8 +164,9 @@ class MathGrader:
     limit is SIGALRM, which works only on a process's main thread (not in a thread pool, a
     notebook executor, or a helper thread of a torchrun worker). A child process can be killed
     from any thread. A grading that times out or crashes scores 0, says so in Verdict.failure
-    (the caller counts it), and the next call starts a fresh worker. `command` replaces the
-    worker, for tests.
+    (the caller counts it), and the next call starts a fresh worker. The worker is sent the
+    answer region and the last number of the response's tail, found here in bounded time, so no
+    length of response reaches sympy. `command` replaces the worker, for tests.
     """
 
     STARTUP_S = 120.0  # importing sympy can take a while on a loaded machine; not charged to answers
@@ -148,25 +176,41 @@ class MathGrader:
         self.command = command or [sys.executable, str(Path(__file__).resolve()), "--math-worker"]
         self._proc, self._replies, self._lock = None, None, threading.Lock()
 
-    def __call__(self, response: str, gold: str) -> Verdict:
+    def __call__(self, response: str, gold: str, deadline: float | None = None) -> Verdict:
+        """The verdict on one response. A `deadline` (a time.monotonic() value) that comes first cuts
+        the wait short: a worker still grading is killed, and the answer scores failure "budget"."""
+        if deadline is not None and time.monotonic() >= deadline:
+            return Verdict(0.0, failure="budget")
+        try:
+            request = _math_request(response, gold)
+        except AnswerTooLong:
+            return Verdict(0.0)
         with self._lock:  # one request in flight per worker: replies are matched by order
             try:
                 if self._proc is None:
-                    self._start()
-                self._proc.stdin.write(json.dumps({"response": response, "gold": gold}) + "\n")
+                    self._start(deadline)
+                self._proc.stdin.write(json.dumps(request) + "\n")  # ASCII: json escapes lone surrogates
                 self._proc.stdin.flush()
-                reply = self._replies.get(timeout=self.timeout)
-            except queue.Empty:
-                self.close()
-                return Verdict(0.0, failure="timeout")
-            except (OSError, RuntimeError):  # the worker died or never started
-                reply = None
-            if reply is None:
-                self.close()
-                return Verdict(0.0, failure="error")
-            return Verdict(float(reply["reward"]), reply["answer"], reply["failure"])
+                reply = self._reply(self.timeout, deadline, "timeout")
+            except _NoReply as e:
+                failure = e.failure
+            except OSError:  # the worker could not be run, or died before reading the request
+                failure = "error"
+            else:
+                return Verdict(float(reply["reward"]), reply["answer"], reply["failure"])
+            self.close()
+            return Verdict(0.0, failure=failure)
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the worker unless it runs; one that fails to start is reported by the next call."""
+        with self._lock:
+            if self._proc is None:
+                try:
+                    self._start(None)
+                except (_NoReply, OSError):
+                    self.close()
+
+    def _start(self, deadline: float | None) -> None:
         proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         replies: queue.Queue = queue.Queue()
 
@@ -181,49 +225,99 @@ class MathGrader:
         threading.Thread(target=pump, daemon=True).start()
         self._proc, self._replies = proc, replies
         self._finalizer = weakref.finalize(self, proc.kill)  # no orphan worker at exit
+        if self._reply(self.STARTUP_S, deadline, "error") != "ready":
+            raise _NoReply("error")
+
+    def _reply(self, limit: float, deadline: float | None, failure: str):
+        """The worker's next line. Raises _NoReply: `failure` when `limit` seconds pass, "budget"
+        when `deadline` comes first, "error" when the worker exited."""
+        left = limit if deadline is None else deadline - time.monotonic()
+        if left < limit:
+            limit, failure = max(0.0, left), "budget"
         try:
-            ready = replies.get(timeout=self.STARTUP_S)
+            reply = self._replies.get(timeout=limit)
         except queue.Empty:
-            ready = None
-        if ready != "ready":
-            raise RuntimeError(f"math grading worker {self.command} did not start")
+            raise _NoReply(failure) from None
+        if reply is None:
+            raise _NoReply("error")
+        return reply
 
     def close(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
+        proc, self._proc = self._proc, None  # FileTask.close may race a grading that kills its worker
+        if proc is not None:
+            self._finalizer()  # kills the worker (once), and forgets it at exit
+            proc.wait()
+
+
+class MathGraderPool:
+    """Several MathGraders driven from threads, so that a slow answer holds up one worker of a
+    batch, not the batch."""
+
+    def __init__(self, timeout: float = 10.0, workers: int = 4, command: list[str] | None = None):
+        self.graders = [MathGrader(timeout, command) for _ in range(workers)]
+
+    def __call__(self, response: str, gold: str) -> Verdict:
+        """One answer, on the first worker: a single grading does not start the others."""
+        return self.graders[0](response, gold)
+
+    def grade_all(self, pairs: list[tuple[str, str]], budget: float = 0.0) -> list[Verdict]:
+        """One Verdict per (response, gold), in order. A budget (seconds; 0: none) bounds the batch:
+        what is not graded once it is spent scores failure "budget", a worker still busy is killed.
+        Its clock starts once the workers run: a worker's first start is no answer's fault."""
+        self.start()
+        deadline = time.monotonic() + budget if budget > 0 else None
+        idle: queue.SimpleQueue = queue.SimpleQueue()
+        for grader in self.graders:
+            idle.put(grader)
+
+        def grade(pair: tuple[str, str]) -> Verdict:
+            grader = idle.get()  # never waits: there are as many threads as graders
+            try:
+                return grader(*pair, deadline=deadline)
+            finally:
+                idle.put(grader)
+
+        with ThreadPoolExecutor(len(self.graders)) as threads:
+            return list(threads.map(grade, pairs))
+
+    def start(self) -> None:
+        """Start the stopped workers at once: each spends seconds importing math_verify."""
+        with ThreadPoolExecutor(len(self.graders)) as threads:
+            list(threads.map(MathGrader.start, self.graders))
+
+    def close(self) -> None:
+        for grader in self.graders:
+            grader.close()
 
 
 def _math_worker() -> None:
-    """The child side of MathGrader: {"response", "gold"} JSON lines in, Verdict JSON lines out."""
+    """The child side of MathGrader: `_math_request` JSON lines in, Verdict JSON lines out."""
     import logging
 
     import math_verify
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
+    _math_verdict(math_verify, "\\boxed{1}", None, "1")  # a first grading is slow: no answer's fault
     print(json.dumps("ready"), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            reward, answer = _math_verdict(math_verify, request["response"], request["gold"])
+            reward, answer = _math_verdict(math_verify, **request)
             reply = {"reward": reward, "answer": answer, "failure": ""}
         except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
             reply = {"reward": 0.0, "answer": None, "failure": "error"}
         print(json.dumps(reply), flush=True)
 
 
-def _math_verdict(mv, response: str, gold: str) -> tuple[float, str | None]:
-    """(reward, normalised answer) of one response; mv is the math_verify module."""
+def _math_verdict(mv, region: str, number: str | None, gold: str) -> tuple[float, str | None]:
+    """(reward, normalised answer) from a response's answer region, else its last number;
+    mv is the math_verify module."""
     configs = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
 
     def parse(text: str) -> list:
         return mv.parse(text, extraction_config=configs, parsing_timeout=None)
 
     gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
-    pred = parse(_answer_region(response))
-    if not pred:
-        numbers = _NUMBER.findall(response)
-        pred = parse(numbers[-1].replace(",", "")) if numbers else []
+    pred = parse(region) or (parse(number) if number else [])
     if not pred:
         return 0.0, None
     answer = str(pred[0])
@@ -232,17 +326,45 @@ def _math_verdict(mv, response: str, gold: str) -> tuple[float, str | None]:
     return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
 
 
+def _math_request(response: str, gold: str) -> dict:
+    """What a math worker is sent of a response: its answer region, and the last number of its
+    tail for when the region holds no answer math-verify can read."""
+    numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
+    return {"region": _answer_region(response), "gold": gold,
+            "number": numbers[-1].replace(",", "") if numbers else None}
+
+
 def _answer_region(response: str) -> str:
     """Where the final answer is: the last \\boxed{} (alone: math-verify would join "\\boxed{5}, ...
     \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0), else the line after
-    GSM8K's "####", else an <answer> tag's content, else the whole text."""
-    boxed = last_boxed(response)
+    GSM8K's "####", else an <answer> tag's content, else the end of the text: at most about
+    MATH_ANSWER_CHARS, found in linear time. A box, line or tag longer raises AnswerTooLong."""
+    boxed = last_boxed(response, MATH_ANSWER_CHARS)
     if boxed is not None:
         return "\\boxed{" + boxed + "}"
-    if "####" in response:
-        return response.split("####")[-1].strip().split("\n")[0]
+    hashes = response.rfind("####")
+    if hashes >= 0:
+        return _short(response[hashes + 4:].strip().partition("\n")[0])
     tag = extract_tag(response)
-    return "$" + tag + "$" if tag is not None else response
+    if tag is not None:
+        return "$" + _short(tag) + "$"
+    return _tail(response, MATH_ANSWER_CHARS)
+
+
+def _short(answer: str) -> str:
+    if len(answer) > MATH_ANSWER_CHARS:
+        raise AnswerTooLong
+    return answer
+
+
+def _tail(text: str, chars: int) -> str:
+    """The last `chars` characters of text at most, from a word boundary (a number cut in two
+    would be another number): _tail("so x is 1234", 6) -> "1234"; "" when no boundary is in them."""
+    if len(text) <= chars:
+        return text
+    tail = text[-chars - 1:]
+    space = re.search(r"\s", tail)
+    return tail[space.end():] if space else ""
 
 
 # ----------------------------------------------------------------------------- running sum
@@ -425,19 +547,27 @@ class CountdownTask:
 # ----------------------------------------------------------------------------- files
 
 class FileTask:
-    """Problems from a benchmark file (`load_file`), graded by math-verify (`MathGrader`)."""
+    """Problems from a benchmark file (`load_file`), graded by math-verify in a pool of `workers`
+    processes (`MathGraderPool`), `budget` seconds a batch (0: no limit; see `grade_batch`)."""
 
     name = "file"
 
-    def __init__(self, path: str, grade_timeout: float = 10.0):
+    def __init__(self, path: str, grade_timeout: float = 10.0, workers: int = 4, budget: float = 0.0):
         if importlib.util.find_spec("math_verify") is None:  # say so now, not as a 0 reward per answer
             raise DataError(f"{path}: grading a benchmark file needs math-verify: pip install math-verify")
-        self.path = path
+        self.path, self.budget = path, budget
         self.problems = load_file(path)
-        self.grader = MathGrader(grade_timeout)
+        self.grader = MathGraderPool(grade_timeout, workers)
 
     def grade(self, problem: Problem, response: str) -> Verdict:
         return self.grader(response, problem.answer)
+
+    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
+        return self.grader.grade_all([(response, problem.answer) for problem, response in items], budget)
+
+    def close(self) -> None:
+        """Kill the grading workers (they also die with this process)."""
+        self.grader.close()
 
 
 def load_file(path: str) -> list[Problem]:
@@ -470,7 +600,13 @@ def _rows(p: Path) -> list[tuple[int, object]]:
             raise DataError(f"{p}: reading parquet needs pyarrow (pip install pyarrow), "
                             f"or convert the file to JSONL") from None
         return list(enumerate(pq.read_table(p).to_pylist(), 1))
-    text = p.read_text(encoding="utf-8")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{p}:{line}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); "
+                        f"save the file as UTF-8") from None
     if suffix == ".json":
         try:
             records = json.loads(text)
@@ -509,15 +645,25 @@ def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
 # ----------------------------------------------------------------------------- splits
 
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
-              grade_timeout: float = 10.0):
+              grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0):
     if data == "running_sum":
         return RunningSumTask(sum_min_terms, sum_max_terms, sum_digits)
     if data == "countdown":
         return CountdownTask()
     if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
-        return FileTask(data, grade_timeout)
+        return FileTask(data, grade_timeout, grade_workers, grade_budget)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
                     f"nor a .jsonl/.json/.parquet file")
+
+
+def grade_batch(task, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
+    """One Verdict per (problem, response), in order. A task with grading workers (FileTask) grades
+    them in parallel within `budget` seconds for the whole batch (0: the task's own budget); what
+    the budget leaves ungraded scores 0 with failure "budget". The built-in graders take
+    milliseconds on any response, so they grade in order."""
+    if not hasattr(task, "grade_batch"):
+        return [task.grade(problem, response) for problem, response in items]
+    return task.grade_batch(items, budget or task.budget)
 
 
 def builtin_splits(task, seed: int = 0) -> tuple[list[Problem], list[Problem]]:

@@ -33,6 +33,7 @@ import os
 import random
 import sys
 import time
+from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 
@@ -40,18 +41,20 @@ import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
-from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
 import algos
+import checkpoint
+from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, truncate_logs
 from config import Config, budget, chunking, eval_settings, load_problems, parse_config, validate
 from eval import evaluate
-from model import ResponseLogProbs, count_parameters, load_model, load_tokenizer, load_trainer_state, save_checkpoint
+from model import (ResponseLogProbs, check_context, check_model_folder, count_parameters, load_model,
+                   load_trainer_state, save_checkpoint)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_state_dict,
                       full_weights, gather_objects, grad_sync, load_train_state, parallel_mode, save_train_state,
                       setup_distributed, teardown, weights_dtype, wrap)
 from plan import print_plan
-from rewards import overlong_penalty
+from rewards import Problem, grade_batch, overlong_penalty
 from rollout import Episode, Sampling, collate, encode_prompts, generate
 
 
@@ -88,8 +91,7 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
                             first_group=first_group, batch_size=cfg.rollout_batch_size)
-        for e in episodes:
-            verdict = task.grade(e.problem, e.text)
+        for e, verdict in zip(episodes, grade_batch(task, [(e.problem, e.text) for e in episodes])):
             e.reward, e.grader_failed = verdict.reward, bool(verdict.failure)
             e.score = e.reward + (overlong_penalty(len(e.response_ids), budget(cfg),
                                                    cfg.overlong_cache) if cfg.overlong_penalty else 0.0)
@@ -317,15 +319,16 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
 # ============================================================================ logging
 
 class Logger:
-    """Rank 0 writes metrics.jsonl, TensorBoard scalars and samples.jsonl; other ranks are silent."""
+    """Rank 0 writes metrics.jsonl, TensorBoard scalars and samples.jsonl; other ranks are silent.
+    purge_step: TensorBoard hides what an earlier launch logged from this step on (a resume)."""
 
-    def __init__(self, out: Path, enabled: bool, tokenizer):
+    def __init__(self, out: Path, enabled: bool, tokenizer, purge_step: int | None = None):
         self.enabled, self.tokenizer = enabled, tokenizer
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.metrics = (out / "metrics.jsonl").open("a")
             self.samples = (out / "samples.jsonl").open("a")
-            self.tb = SummaryWriter(str(out))
+            self.tb = SummaryWriter(str(out), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict, samples: list[Episode] = ()) -> None:
         if not self.enabled:
@@ -367,33 +370,49 @@ def say(rank: int, *msg) -> None:
 
 # ============================================================================ main
 
+def preflight(cfg: Config):
+    """Every check that needs no model weights, on every rank before any rank starts: the config,
+    the data, the model folder, prompt lengths, the run folder. Returns (task, train problems,
+    held-out problems, tokenizer, HF config, run folder, checkpoint to resume from or None)."""
+    validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.plan:
+        sys.exit(print_plan(cfg))
+    task, train_problems, heldout = load_problems(cfg)
+    tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
+    check_context(tokenizer, hf_config, [p.prompt for p in train_problems + heldout],
+                  lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template),
+                  cfg.max_new_tokens)
+    run, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+    return task, train_problems, heldout, tokenizer, hf_config, run, start
+
+
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(argv)
-        validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
-        if cfg.plan:
-            sys.exit(print_plan(cfg))
-        task, train_problems, heldout = load_problems(cfg)
-        if cfg.resume:
-            load_trainer_state(Path(cfg.resume))  # fail now, not after loading the model
-    except (ValueError, FileNotFoundError) as e:  # DataError is a ValueError
-        sys.exit(f"error: {e}")
+    first = os.environ.get("RANK", "0") == "0"  # every rank finds the same mistake; one says it
+    with ExitStack() as held:
+        try:
+            cfg = parse_config(argv)
+            task, train_problems, heldout, tokenizer, hf_config, out, start = preflight(cfg)
+            if first:
+                held.enter_context(lock(out))  # the run folder is this process's until it exits
+        except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
+            sys.exit(f"error: {e}" if first else 1)
+        try:
+            train(cfg, task, train_problems, heldout, tokenizer, hf_config, out, start)
+        except CheckpointError as e:
+            if first:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+            teardown()  # no rank leaves before rank 0 has said why (torchrun stops the rest at the first exit)
+            sys.exit(1)
+
+
+def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out: Path, start: Path | None) -> None:
     rank, world, device = setup_distributed(cfg)
+    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
     algo = algos.get(cfg.algo)
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
 
-    out = Path(cfg.out or (Path(cfg.resume).parent.parent if cfg.resume else
-                           Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}"))
-    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-
     autocast, dtype, mode = autocast_context(cfg, device), compute_dtype(cfg, device), parallel_mode(cfg, device)
-    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
-    hf_config = AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)  # as saved: dropout kept
-    lm = load_model(cfg.resume or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code,
+    lm = load_model(str(start or cfg.model), device=device, trust_remote_code=cfg.trust_remote_code,
                     gradient_checkpointing=cfg.gradient_checkpointing)  # fp32: the master weights
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
     ref_scorer = None
@@ -405,33 +424,50 @@ def main(argv=None) -> None:
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    say(rank, f"policy {cfg.resume or cfg.model}: {count_parameters(lm)} parameters on {device} × {world} "
+    say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters on {device} × {world} "
               f"rank(s), {mode}, compute {str(dtype)[6:]}; reference model: {'yes' if cfg.beta > 0 else 'none (beta = 0)'}")
 
     step, data_pos = 0, 0
-    if cfg.resume:
-        state = load_trainer_state(Path(cfg.resume))
-        load_train_state(Path(cfg.resume) / "train_state", lm, optimizer)  # exact fp32 weights and AdamW
+    if start is not None:
+        state = load_trainer_state(start)
+        load_train_state(start / "train_state", lm, optimizer)  # exact fp32 weights and AdamW
         scheduler.load_state_dict(state["scheduler"])
         step, data_pos = state["step"], state["data_pos"]
-        say(rank, f"resumed at step {step} (prompt {data_pos}) from {cfg.resume}")
+        say(rank, f"resumed at step {step} (prompt {data_pos}) from {start}")
+        overrides = {k: (v, getattr(cfg, k)) for k, v in saved_config(start).items()
+                     if k not in ("resume", "out") and hasattr(cfg, k) and v != getattr(cfg, k)}
+        for k, (was, now) in overrides.items():
+            say(rank, f"resume: {k} {was} -> {now} (given on this launch)")
+        if state.get("world", world) != world:
+            say(rank, f"warning: the checkpoint was written by {state['world']} rank(s), this run has {world}: "
+                      f"it continues, but sampling is seeded per rank, so its trajectory differs from the "
+                      f"uninterrupted run's")
+    logged = step if start is not None else -1  # the last step whose rows the logs keep
+    if rank == 0:
+        removed = clean_partials(out)
+        if removed:
+            say(rank, f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
+        if cfg.resume:  # what was logged after the checkpoint is replayed, so logged again
+            truncate_logs(out, logged)
+        (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
     stream = PromptStream(train_problems, cfg.seed)
-    logger = Logger(out, rank == 0, tokenizer)
+    logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
         with full_weights(scorer), autocast():
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg))[0]
 
-    def checkpoint():
-        path = out / "checkpoints" / f"step-{step}"
+    def save():
         save_dtype = {"auto": dtype, "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
         weights = full_state_dict(lm, save_dtype)  # every rank joins the gathers; rank 0 keeps them
-        if rank == 0:
-            state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict()}
-            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state)
-        del weights
-        save_train_state(path / "train_state", lm, optimizer)
+        state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world}
+        checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints,
+                        rank0_files=lambda path: save_checkpoint(
+                            path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state,
+                            run_config=dataclasses.asdict(cfg)),
+                        sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
@@ -469,7 +505,7 @@ def main(argv=None) -> None:
             say(rank, f"step {step} eval/accuracy {metrics['eval/accuracy']:.3f} "
                       + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
-            checkpoint()
+            save()
     logger.close()
     teardown()
 

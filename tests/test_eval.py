@@ -96,6 +96,13 @@ def test_cli_errors_name_the_problem(tmp_path):
         evaluation.main(["--data", str(tmp_path / "nope.jsonl")])
     with pytest.raises(SystemExit, match=r"eval_k=\[1, 8\]"):
         evaluation.main(["-n", "4", "--k", "1,8"])
+    with pytest.raises(SystemExit, match="--algo 'ppo': unknown; choose one of grpo"):
+        evaluation.main(["--algo", "ppo"])
+    (tmp_path / "file").write_text("")  # a file where the output folder should go: found before sampling
+    with pytest.raises(SystemExit, match="--out .*file/ev: cannot write there"):
+        evaluation.main(["--out", str(tmp_path / "file" / "ev")])
+    with pytest.raises(SystemExit, match="--model .*nope: no such folder"):
+        evaluation.main(["--model", str(tmp_path / "nope")])
 
 
 def test_torchrun_eval_of_a_benchmark_file_matches_one_process(tmp_path):

@@ -1,6 +1,7 @@
 """MathGrader (math-verify in a worker process): answer-equivalence fixtures, time limits, crashes,
-threads. The fixture pairs are in tests/fixtures/grader_pairs.jsonl, each verdict decided from the
-mathematics before the grader was run."""
+threads; grade_batch with a pool of workers and a budget. The fixture pairs are in
+tests/fixtures/grader_pairs.jsonl, each verdict decided from the mathematics before the grader was
+run."""
 import json
 import sys
 import threading
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rewards import FileTask, MathGrader, Verdict
+from rewards import (FileTask, MathGrader, MathGraderPool, Problem, RunningSumTask, Verdict, grade_batch,
+                     make_task)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HANG = [sys.executable, str(FIXTURES / "hang_worker.py")]
 CRASH = [sys.executable, str(FIXTURES / "crash_worker.py")]
+SCRIPTED = [sys.executable, str(FIXTURES / "scripted_worker.py")]
 
 
 def _pairs():
@@ -70,7 +73,7 @@ def test_file_task_grades_with_math_verify(tmp_path):
         assert task.grade(problem, "#### 1000").reward == 1.0
         assert task.grade(problem, "she has \\boxed{999}").reward == 0.0
     finally:
-        task.grader.close()
+        task.close()
 
 
 def test_file_task_without_math_verify_fails_before_any_model_loads(tmp_path, monkeypatch):
@@ -203,3 +206,80 @@ def test_real_worker_keeps_going_after_an_exception_in_grading(grader):
     assert grader("\\boxed{1}", None) == Verdict(0.0, None, "error")
     assert grader._proc is not None and grader._proc.pid == pid  # not restarted: it kept going
     assert grader("\\boxed{7}", "7") == Verdict(1.0, "7", "")
+
+
+# ----------------------------------------------------------------------------- batches
+
+def _data_file(tmp_path, *golds: str) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": gold}) + "\n"
+                            for i, gold in enumerate(golds)))
+    return str(path)
+
+
+def test_make_task_passes_the_grading_knobs(tmp_path):
+    task = make_task(_data_file(tmp_path, "#### 72"), grade_timeout=2.0, grade_workers=3,
+                     grade_budget=7.5)
+    assert task.budget == 7.5 and [g.timeout for g in task.grader.graders] == [2.0] * 3
+    assert all(g._proc is None for g in task.grader.graders)  # workers start on first use
+
+
+def test_grade_batch_on_a_built_in_task_grades_in_order():
+    items = [(Problem("Add 1+2", "3"), "<answer>3</answer>"), (Problem("Add 2+2", "4"), "<answer>5</answer>"),
+             (Problem("Add 3+3", "6"), "6")]
+    assert grade_batch(RunningSumTask(), items) == [Verdict(1.0, "3"), Verdict(0.0, "5"), Verdict(0.0)]
+
+
+def test_grade_batch_on_a_file_task_keeps_order_and_verdicts(tmp_path):
+    task = FileTask(_data_file(tmp_path, "48 + 24 = 72\n#### 72", "\\frac{1}{2}", "\\text{(C)}"), workers=2)
+    clips, half, choice = task.problems
+    items = [(clips, "She sold 72 clips.\n#### 72"), (half, "so \\boxed{0.5}"),
+             (choice, "\\boxed{\\text{(B)}}"), (clips, "I don't know."),
+             (half, "<answer>x <answer>\\frac{1}{2}</answer>"), (choice, "The answer is \\boxed{C}"),
+             (clips, "\\boxed{" + "7" * 5000 + "}"), (clips, "#### 70")]
+    try:
+        verdicts = grade_batch(task, items)
+    finally:
+        task.close()
+    assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    assert all(v.failure == "" for v in verdicts)
+    assert verdicts[0].answer == "72" and verdicts[7].answer == "70"
+    assert verdicts[3] == verdicts[6] == Verdict(0.0, None, "")  # no answer; one past MATH_ANSWER_CHARS
+
+
+def test_budget_ends_a_batch_and_the_run_goes_on(tmp_path):
+    """Two workers, 1 s: one takes 72, 70, then the second hang; the other hangs on the first;
+    neither is free again before the budget is spent, so the last two are never sent."""
+    task = FileTask(_data_file(tmp_path, "#### 72"), workers=2, budget=1.0)
+    task.grader = MathGraderPool(timeout=10.0, workers=2, command=SCRIPTED)
+    problem = task.problems[0]
+    responses = ["\\boxed{72}", "\\boxed{hang}", "\\boxed{70}", "\\boxed{hang}", "\\boxed{72}", "\\boxed{70}"]
+    try:
+        task.grader.start()
+        start = time.monotonic()
+        verdicts = grade_batch(task, [(problem, r) for r in responses])  # the task's budget
+        seconds = time.monotonic() - start
+        right, wrong = Verdict(1.0, "\\boxed{72}"), Verdict(0.0, "\\boxed{70}")
+        spent = Verdict(0.0, None, "budget")
+        assert verdicts == [right, spent, wrong, spent, spent, spent]
+        assert 0.9 <= seconds < 3.0
+        assert all(g._proc is None for g in task.grader.graders)  # both hung workers were killed
+        after = grade_batch(task, [(problem, "\\boxed{70}"), (problem, "\\boxed{72}")], budget=5.0)
+        assert after == [wrong, right]
+    finally:
+        task.close()
+
+
+def test_pool_grades_in_parallel_and_close_kills_its_workers():
+    pool = MathGraderPool(timeout=10.0, workers=4, command=SCRIPTED)
+    try:
+        pool.start()
+        procs = [g._proc for g in pool.graders]
+        start = time.monotonic()
+        verdicts = pool.grade_all([("\\boxed{sleep}", "72")] * 4)
+        seconds = time.monotonic() - start
+    finally:
+        pool.close()
+    assert verdicts == [Verdict(0.0, "\\boxed{sleep}")] * 4
+    assert seconds < 3.5  # 1 s each: one after another would take 4 s
+    assert all(proc.poll() is not None for proc in procs)

@@ -1,21 +1,23 @@
-"""A model's output is hostile input: the built-in graders stay bounded in time and never raise.
+"""A model's output is hostile input: the graders stay bounded in time and never raise.
 
 Each case is graded by both built-in tasks; `right` is the task's correct answer, so a case can
-carry it. The expected verdict is decided from the grading rules (the last <answer> pair, pairs
-read left to right; running_sum wants `-?\\d+` equal to the sum; countdown wants each number used
-once and the target) and from the documented bounds, before running. Timing bounds are generous
-on purpose (1 s per response is the spec; each case takes milliseconds): run with -s to see the
-measured times.
+carry it. The expected verdict is decided from the grading rules (the content after the last
+opening tag before the last closing tag; running_sum wants `-?\\d+` equal to the sum; countdown
+wants each number used once and the target) and from the documented bounds, before running. The
+math path (FileTask, math-verify workers) has its own cases, decided from `_answer_region`'s
+rules and MATH_ANSWER_CHARS. Timing bounds are generous on purpose (1 s per response is the
+spec; built-in cases take milliseconds): run with -s to see the measured times.
 """
 import json
 import random
 import re
 import time
+from collections import Counter
 
 import pytest
 
 import rewards
-from rewards import CountdownTask, Problem, RunningSumTask, extract_tag
+from rewards import CountdownTask, FileTask, Problem, RunningSumTask, extract_tag, grade_batch
 
 MB = 1 << 20
 TASKS = {  # task, problem, its correct answer written plainly
@@ -51,9 +53,9 @@ CASES = [
     ("unclosed_parens_1MB", lambda r: tag("(" * MB + r), False),
     ("unclosed_braces_1MB", lambda r: tag("{" * MB + r), False),
     ("unclosed_tags_1MB", lambda r: "<answer>" * (MB // 8), False),
-    # the opening tags pair with the last closing one: the content holds tags, not the answer
-    ("unclosed_tags_then_answer", lambda r: "<answer>" * (MB // 8) + tag(r), False),
-    ("stray_open_tag_before_answer", lambda r: "<answer>x " + tag(r), False),
+    # the content starts at the last opening tag before the closing one: the stray tags are dropped
+    ("unclosed_tags_then_answer", lambda r: "<answer>" * (MB // 8) + tag(r), True),
+    ("stray_open_tag_before_answer", lambda r: "<answer>x " + tag(r), True),
     ("many_tags_last_right", lambda r: tag("1") * (MB // 18) + tag(r), True),
     ("many_tags_last_wrong", lambda r: tag(r) * (MB // 24) + tag("1"), False),
     ("answer_then_1MB_babble", lambda r: tag(r) + " and so on" * (MB // 10), True),
@@ -124,13 +126,15 @@ def test_correct_answer_region_survives_the_window():
 
 
 def test_extract_tag_matches_the_plain_regex_rule():
-    """The linear extract_tag decides as re.findall did, on random strings of tag fragments."""
+    """The rfind-based extract_tag decides as a plain regex of its rule does, on random strings of
+    tag fragments: greedy `.*` puts the opening tag as late as a closing tag after it allows."""
+    assert extract_tag("<answer>x <answer>7</answer>") == "7"
     rng = random.Random(0)
     pieces = ["<answer>", "</answer>", "7", " ", "<answer", "answer>", "x"]
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
-        found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
-        assert extract_tag(text) == (found[-1].strip() if found else None), text
+        found = re.fullmatch(r".*<answer>(.*)</answer>.*", text, flags=re.DOTALL)
+        assert extract_tag(text) == (found.group(1).strip() if found else None), text
 
 
 @pytest.mark.parametrize("task_name", TASKS)
@@ -142,16 +146,105 @@ def test_exception_inside_grading_scores_zero_with_failure(task_name, monkeypatc
     assert task.grade(problem, tag(right)) == rewards.Verdict(0.0, None, "error")
 
 
+WORST = ("digits_1MB", "unary_minus_1MB", "unclosed_parens_1MB", "unclosed_tags_1MB",
+         "unclosed_tags_then_answer", "mul_chain_1MB", "mul_chain_1KB", "ones_chain_1KB",
+         "div_chain_1KB", "squaring_tower")
+
+
 @pytest.mark.parametrize("task_name", TASKS)
 def test_batch_of_128_worst_cases_within_5s(task_name):
     """The slowest kinds before the bounds (1 MB of unclosed tags, 1 MB multiplication chains,
     1 MB digit strings, deep nesting), 128 responses: one step's worth of a drifted policy."""
-    worst = [CASES[i][1](TASKS[task_name][2]) for i in (1, 4, 6, 8, 9, 20, 21, 22, 23, 24)]
+    task, problem, right = TASKS[task_name]
+    worst = [(build(right), rewarded is True or rewarded == task_name)
+             for case_id, build, rewarded in CASES if case_id in WORST]
     batch = [worst[i % len(worst)] for i in range(128)]
-    task, problem, _ = TASKS[task_name]
     start = time.perf_counter()
-    verdicts = [task.grade(problem, r) for r in batch]
+    verdicts = grade_batch(task, [(problem, response) for response, _ in batch])
     seconds = time.perf_counter() - start
     print(f"\nbatch of 128 worst cases, {task_name}: {seconds:.3f} s")
-    assert all(v.reward == 0.0 and v.failure == "" for v in verdicts)
+    assert [v.reward for v in verdicts] == [float(rewarded) for _, rewarded in batch]
+    assert all(v.failure == "" for v in verdicts)
     assert seconds <= 5.0
+
+
+# ----------------------------------------------------------------------------- the math path
+
+# (id, response, rewarded?, may time out?) against the gold answer 54. Only answers that reach
+# sympy can time out (by design: the worker is killed at grade_timeout, 1 s here); an answer
+# longer than MATH_ANSWER_CHARS (4096) scores 0 unsent.
+MATH_CASES = [
+    ("text_1MB_then_boxed", "word " * (MB // 5) + "\\boxed{54}", True, False),
+    ("boxed_then_text_1MB", "\\boxed{54}" + " and so on" * (MB // 10), True, False),
+    ("text_1MB_no_number", "la " * (MB // 3), False, False),
+    ("text_1MB_then_number", "la " * (MB // 3) + "so 54", True, False),  # the last number, in the tail
+    ("power_tower", "\\boxed{9^{9^{9^{9^{9}}}}}", False, True),
+    ("googol_factorial", "\\boxed{(10^{100})!}", False, True),
+    ("digits_5000_boxed", "\\boxed{" + "9" * 5000 + "}", False, False),
+    ("digits_5000_plain", "so it is " + "9" * 5000, False, False),  # cut: no whole number in the tail
+    ("digits_4000_boxed", "\\boxed{" + "9" * 4000 + "}", False, True),  # inside the bound: parsed
+    ("braces_2000_deep", "\\boxed{" + "{" * 2000 + "1" + "}" * 2000 + "}", False, True),
+    ("braces_1MB_deep", "\\boxed{" + "{" * MB + "54" + "}" * MB, False, False),
+    ("unclosed_boxes_1MB", "\\boxed{" * (MB // 7), False, False),
+    ("open_braces_1MB", "{" * MB, False, False),
+    ("open_braces_1MB_then_boxed", "{" * MB + " \\boxed{54}", True, False),
+    ("nul_bytes_around", "\x00" * MB + "\\boxed{54}" + "\x00" * 100, True, False),
+    ("lone_surrogates_around", "\ud800" * 1000 + "\\boxed{54}" + "\udfff", True, False),
+    ("lone_surrogate_answer", "\\boxed{\ud800}", False, False),
+    ("lone_surrogates_1MB", "\udfff" * MB, False, False),
+    ("hashes_then_1MB_line", "#### " + "7" * MB, False, False),
+    ("hashes_then_babble", "#### 54\n" + "babble " * (MB // 7), True, False),
+    ("stray_open_tag_before_answer", "<answer>x <answer>54</answer>", True, False),
+    ("unclosed_tags_1MB", "<answer>" * (MB // 8), False, False),
+    ("tag_past_the_bound", tag("5" * 5000), False, False),
+]
+
+
+@pytest.fixture(scope="module")
+def math_task(tmp_path_factory):
+    path = tmp_path_factory.mktemp("math") / "gold.jsonl"
+    path.write_text(json.dumps({"question": "Add 12+7+35", "answer": "#### 54"}) + "\n")
+    task = FileTask(str(path), grade_timeout=1.0, workers=4)
+    yield task
+    task.close()
+
+
+def _math_verdict_is_expected(verdict, rewarded: bool, may_time_out: bool) -> bool:
+    if verdict.failure == "":
+        return verdict.reward == float(rewarded)
+    return verdict.reward == 0.0 and verdict.failure == "timeout" and may_time_out
+
+
+@pytest.mark.parametrize("case_id,response,rewarded,may_time_out", MATH_CASES, ids=[c[0] for c in MATH_CASES])
+def test_hostile_output_on_the_math_path(math_task, case_id, response, rewarded, may_time_out):
+    math_task.grader.start()  # a worker the case before killed restarts outside the timed part
+    start = time.perf_counter()
+    verdict = math_task.grade(math_task.problems[0], response)
+    seconds = time.perf_counter() - start
+    print(f"\n{case_id:28s} {len(response):>9d} chars {seconds * 1000:7.1f} ms {verdict.failure}")
+    assert _math_verdict_is_expected(verdict, rewarded, may_time_out), verdict
+    assert seconds <= 5.0  # the spec: 1 s, or the 1 s timeout
+
+
+MATH_WORST = ("text_1MB_then_boxed", "power_tower", "googol_factorial", "digits_5000_boxed",
+              "digits_5000_plain", "digits_4000_boxed", "braces_2000_deep", "braces_1MB_deep",
+              "nul_bytes_around", "lone_surrogates_around", "unclosed_boxes_1MB")
+
+
+def test_math_batch_of_128_worst_cases_within_the_budget(math_task):
+    """128 of the worst math cases under a 5 s budget: the batch ends on time, what was graded is
+    right, the rest is counted as a failure, and the next batch is graded normally."""
+    worst = [case for case in MATH_CASES if case[0] in MATH_WORST]
+    batch = [worst[i % len(worst)] for i in range(128)]
+    problem = math_task.problems[0]
+    math_task.grader.start()
+    start = time.perf_counter()
+    verdicts = grade_batch(math_task, [(problem, case[1]) for case in batch], budget=5.0)
+    seconds = time.perf_counter() - start
+    print(f"\nbatch of 128 worst math cases: {seconds:.2f} s, {Counter(v.failure for v in verdicts)}")
+    for (case_id, _, rewarded, may_time_out), verdict in zip(batch, verdicts):
+        assert verdict.failure == "budget" or _math_verdict_is_expected(verdict, rewarded, may_time_out), (
+            case_id, verdict)
+    assert seconds <= 8.0  # the spec: 5 s
+    after = grade_batch(math_task, [(problem, "\\boxed{54}"), (problem, "#### 53")])
+    assert [(v.reward, v.failure) for v in after] == [(1.0, ""), (0.0, "")]

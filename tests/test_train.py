@@ -33,10 +33,11 @@ def run_main(argv):
     ('{"prompt": "a", "answer": "1"}\nnot json\n', r"bad.jsonl:2: not valid JSON"),
     ('{"prompt": "a", "label": "1"}\n', r"bad.jsonl:1: missing field: expected one of answer"),
     ('\n', r"bad.jsonl: the dataset is empty"),
+    ('{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "1"}\n', r"bad.jsonl:2: not valid UTF-8 \(byte 0xe9"),
 ])
 def test_bad_data_file_errors_before_loading_a_model(tmp_path, rows, expected):
     path = tmp_path / "bad.jsonl"
-    path.write_text(rows)
+    path.write_bytes(rows.encode("latin-1"))  # latin-1: one byte per character, so \xe9 is invalid UTF-8
     msg = run_main(["--data", str(path), "--eval-every", "0", "--model", "/nonexistent"])
     assert msg.startswith("error: ") and __import__("re").search(expected, msg)
 
@@ -54,7 +55,9 @@ def test_config_errors(tmp_path, monkeypatch):
     assert "prompts_per_step=16 must be divisible by the 3 ranks" in run_main([])
     monkeypatch.delenv("WORLD_SIZE")
     assert "eval_k=[1, 8]" in run_main(["--eval-k", "1,8"])
-    assert "no trainer_state.pt and train_state/" in run_main(["--resume", str(tmp_path)])
+    assert "no complete checkpoint in" in run_main(["--resume", str(tmp_path)])
+    assert "--resume auto continues the run in --out" in run_main(["--resume", "auto"])
+    assert "dynamic_sampling keeps only groups whose rewards differ" in run_main(["--algo", "dapo", "--group-size", "1"])
     assert "train_on='some'" in run_main(["--train-on", "some"])
     assert "rover_adv='z'" in run_main(["--algo", "rover", "--rover-adv", "z"])
     assert "micro_batch_size=4 must be ≥ group_size=8" in run_main(["--algo", "pacs", "--micro-batch-size", "4"])
@@ -63,6 +66,69 @@ def test_config_errors(tmp_path, monkeypatch):
     assert "carryover (24) < max_new_tokens (the chunk size, 24)" in run_main(
         ["--max-chunks", "2", "--carryover", "24", "--max-new-tokens", "24", "--chunk-head", "0"])
     assert "with max_chunks > 1 a response is split" in run_main(["--algo", "pacs", "--max-chunks", "2", "--chunk-head", "0"])
+
+
+def test_model_folder_errors_name_the_folder_and_write_nothing(tmp_path):
+    """Checked before any weight is read and before the run folder exists: no orphan run."""
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--eval-every", "0"]
+    assert "no such folder" in run_main([*args, "--model", str(tmp_path / "missing")])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert "no config.json there" in run_main([*args, "--model", str(bare)])
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((Path(config.DEFAULT_MODEL) / name).read_bytes())
+    assert "cannot load its config or tokenizer" in run_main([*args, "--model", str(no_tokenizer)])
+    (no_tokenizer / "model.safetensors").unlink()
+    assert "no .safetensors weights there" in run_main([*args, "--model", str(no_tokenizer)])
+    assert not out.exists()
+
+
+def test_prompts_longer_than_the_context_are_refused(tmp_path):
+    """The shipped model has 512 positions and one token per character: a 500-character prompt
+    plus 80 new tokens cannot fit; a 100-character one can (it gets as far as the run folder)."""
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "1+" * 250, "answer": "1"}) + "\n"
+                    + json.dumps({"prompt": "short", "answer": "1"}) + "\n")
+    msg = run_main(["--data", str(data), "--eval-every", "0", "--out", str(tmp_path / "run")])
+    assert "1 prompt(s) do not fit the model's context of 512 tokens with 80 new tokens" in msg
+    assert "number 1 ('1+1+" in msg and not (tmp_path / "run").exists()
+
+
+def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
+    """Interrupted after step 2 (with a half-written row of step 3 in the logs, as a kill leaves
+    it), `--resume RUN --max-steps 3` continues with the run's own flags and equals a 3-step run."""
+    flags = [*SMALL, "--eval-every", "0", "--save-every", "1", "--lr", "1e-3"]
+    train.main([*flags, "--max-steps", "3", "--out", str(tmp_path / "whole")])
+    run = tmp_path / "cut"
+    train.main([*flags, "--max-steps", "2", "--out", str(run)])
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "reward/mean": 0.5}\n{"step": 4, "rew')
+    (run / "checkpoints" / ".step-3.partial").mkdir()  # what a kill during a save leaves
+    assert "holds a run already" in run_main([*flags, "--max-steps", "3", "--out", str(run)])
+    train.main(["--resume", str(run), "--max-steps", "3"])
+    assert [x["step"] for x in metrics(run)] == [1, 2, 3] and same_run(metrics(tmp_path / "whole"), metrics(run))
+    saved = config.parse_config(["--resume", str(run)])
+    assert (saved.prompts_per_step, saved.max_new_tokens, saved.max_steps, saved.lr) == (4, 24, 3, 1e-3)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+    assert "has later checkpoints (step-2, step-3)" in run_main(["--resume", str(run / "checkpoints" / "step-1")])
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path):
+    train.main([*SMALL, "--eval-every", "0", "--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "2",
+                "--out", str(tmp_path / "run")])
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
+
+
+def test_torchrun_config_error_is_said_once_and_nothing_hangs(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
+           "--out", str(tmp_path / "run"), "--group-size", "0"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.count("error: group_size, epochs and micro_batch_size") == 1
+    assert 'File "' + str(ROOT / "train.py") not in r.stderr  # no traceback of ours
+    assert not (tmp_path / "run").exists()
 
 
 def test_config_precedence(tmp_path):

@@ -1,0 +1,272 @@
+"""Run folders and checkpoints that survive a kill at any moment.
+
+A run folder (--out):
+    config.yaml  metrics.jsonl  samples.jsonl  events.out.tfevents.*   written by global rank 0
+    .lock                          held by the process that trains in it (a second one is refused)
+    checkpoints/step-N/            a complete checkpoint: HF weights, tokenizer, trainer_state.pt,
+                                   train_config.yaml (the run's Config), train_state/ (DCP shards)
+    checkpoints/.step-N.partial/   a checkpoint being written
+
+Atomicity: every file of a checkpoint is written and fsynced under `.step-N.partial`, then one
+rename publishes it as `step-N`, so a folder named step-N is always complete and the newest
+complete checkpoint is the highest such N. A kill leaves at most a `.partial` (or a `.deleting`,
+from pruning) folder, which the next start removes. `--resume RUN` continues from the newest
+checkpoint with the run's saved config; rows that metrics.jsonl and samples.jsonl logged after it
+are dropped and TensorBoard purges them, so a replayed step is logged once.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from parallel import all_reduce_sum
+
+COMPLETE = ("config.json", "model.safetensors", "trainer_state.pt", "train_config.yaml", "train_state/.metadata")
+LOGS = ("metrics.jsonl", "samples.jsonl")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message says what is still intact."""
+
+
+# ----------------------------------------------------------------------------- finding them
+
+def step_of(path: Path) -> int:
+    return int(path.name.split("-", 1)[1])
+
+
+def complete_checkpoints(run: Path) -> list[Path]:
+    """The run's published checkpoints, oldest first ("step-N" folders; the rest is ignored)."""
+    root = Path(run) / "checkpoints"
+    found = [p for p in root.glob("step-*") if p.name[5:].isdigit() and p.is_dir()] if root.is_dir() else []
+    return sorted(found, key=step_of)
+
+
+def resolve_resume(resume: str, out: str) -> tuple[Path, Path | None]:
+    """--resume (and --out) -> (run folder, checkpoint to load; None: start the run afresh).
+
+    RUN -> its newest checkpoint; RUN/checkpoints/step-N -> that one; "auto" -> --out's newest,
+    or a fresh start when it has none yet (the same command restarts a preempted job)."""
+    if resume == "auto":
+        if not out:
+            raise CheckpointError("--resume auto continues the run in --out: give --out RUN_DIR too")
+        run = Path(out)
+    elif (Path(resume) / "trainer_state.pt").is_file() or Path(resume).name.startswith("step-"):
+        return Path(resume).parent.parent, _loadable(Path(resume))
+    else:
+        run = Path(resume)
+        if not run.is_dir():
+            raise CheckpointError(f"--resume {resume}: no such run folder (give a run folder, one of its "
+                                  f"checkpoints/step-N folders, or auto with --out)")
+    found = complete_checkpoints(run)
+    if found:
+        return run, _loadable(found[-1])
+    if resume == "auto":
+        return run, None
+    raise CheckpointError(f"--resume {resume}: no complete checkpoint in {run / 'checkpoints'} "
+                          f"(train.py writes one every --save-every steps and at the end)")
+
+
+def _loadable(path: Path) -> Path:
+    """The checkpoint, after checks that name what is missing or truncated (no traceback)."""
+    missing = [name for name in COMPLETE if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"--resume {path}: not a complete checkpoint (no {', '.join(missing)}); "
+                              f"give a run folder to resume from its newest complete checkpoint")
+    try:
+        torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: all "unreadable"
+        raise CheckpointError(f"{path / 'trainer_state.pt'} is truncated or corrupt ({type(e).__name__}); "
+                              f"resume from an earlier checkpoint") from None
+    try:
+        with safe_open(str(path / "model.safetensors"), "pt"):
+            pass
+    except Exception as e:  # noqa: BLE001 - SafetensorError names no file
+        raise CheckpointError(f"{path / 'model.safetensors'} is truncated or corrupt ({e}); "
+                              f"resume from an earlier checkpoint") from None
+    _check_shards(path / "train_state")
+    return path
+
+
+def _check_shards(path: Path) -> None:
+    """Every byte range the DCP metadata points at lies inside its file."""
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path}/.metadata is truncated or corrupt ({type(e).__name__}); "
+                              f"resume from an earlier checkpoint") from None
+    need = {}
+    for info in storage.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in need.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size < size:
+            raise CheckpointError(f"{file} is missing or truncated (needs {size} bytes); "
+                                  f"resume from an earlier checkpoint")
+
+
+def run_folder(resume: str, out: str, default: Path) -> tuple[Path, Path | None]:
+    """(the folder this launch trains in, the checkpoint it starts from or None), refusing what
+    would mix two runs in one folder: a new run (or a checkpoint continued under a new --out)
+    in a folder that holds one, and a resume from a checkpoint older than the run's newest."""
+    if not resume:
+        run, checkpoint = Path(out or default), None
+    else:
+        run, checkpoint = resolve_resume(resume, out)
+        if out and Path(out).resolve() != run.resolve():
+            run = Path(out)  # a new run that starts from another run's checkpoint
+        elif checkpoint is not None:
+            later = [p.name for p in complete_checkpoints(run) if step_of(p) > step_of(checkpoint)]
+            if later:
+                raise CheckpointError(f"--resume {resume}: {run} has later checkpoints ({', '.join(later)}), "
+                                      f"whose steps this would overwrite; resume from the newest with "
+                                      f"--resume {run}, or continue this one in a new folder with --out")
+            return run, checkpoint
+        else:
+            return run, None  # auto, nothing saved yet: the run starts afresh in its folder
+    if (run / "metrics.jsonl").exists() or (run / "checkpoints").exists():
+        raise CheckpointError(f"--out {run} holds a run already: continue it with --resume {run}, "
+                              f"or choose another --out")
+    return run, checkpoint
+
+
+def saved_config(checkpoint: Path) -> dict:
+    return yaml.safe_load((checkpoint / "train_config.yaml").read_text()) or {}
+
+
+# ----------------------------------------------------------------------------- the run folder
+
+@contextmanager
+def lock(run: Path):
+    """Hold an exclusive lock on the run folder (the OS drops it on any exit, kill -9 included);
+    a second process on the same folder gets a CheckpointError naming the holder."""
+    run.mkdir(parents=True, exist_ok=True)
+    with (run / ".lock").open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise CheckpointError(f"{run} is in use by another training process (pid {f.read().strip() or '?'}); "
+                                  f"wait for it, or choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def clean_partials(run: Path) -> list[str]:
+    """Remove what a killed save or prune left behind; returns the names removed."""
+    root = run / "checkpoints"
+    stale = sorted(p for p in root.glob(".step-*") if p.is_dir()) if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return [p.name for p in stale]
+
+
+def truncate_logs(run: Path, last_step: int) -> None:
+    """Keep the rows of metrics.jsonl and samples.jsonl up to `last_step` (the checkpoint's) and
+    drop the rest, a half-written last line included; replaced atomically."""
+    for name in LOGS:
+        path = run / name
+        if not path.is_file():
+            continue
+        kept = []
+        for line in path.read_text(errors="replace").splitlines(keepends=True):
+            try:
+                if line.endswith("\n") and json.loads(line)["step"] <= last_step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- writing one
+
+def save(run: Path, step: int, rank: int, device, *, rank0_files, sharded, keep: int = 0) -> None:
+    """Write checkpoint step-N atomically, every rank calling: rank0_files(folder) writes the
+    single files on global rank 0, sharded(folder) the DCP shards on every rank. Then rank 0
+    fsyncs and publishes it and keeps the newest `keep` checkpoints (0: all). Any failure (a full
+    disk) removes the partial folder and raises CheckpointError on every rank; the previous
+    checkpoints are untouched."""
+    root = run / "checkpoints"
+    partial, final = root / f".step-{step}.partial", root / f"step-{step}"
+
+    def start(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        rank0_files(folder)
+
+    def publish(folder):
+        _fsync_tree(folder)
+        if final.exists():
+            _remove(final)
+        os.rename(folder, final)
+        _fsync_dir(root)
+        for old in complete_checkpoints(run)[:-keep] if keep else []:
+            _remove(old)
+
+    for stage, everyone in ((start, False), (sharded, True), (publish, False)):
+        error = None
+        if everyone or rank == 0:
+            try:
+                stage(partial)
+            except (OSError, CheckpointException) as e:
+                error = e
+        if all_reduce_sum({"failed": error is not None}, device)["failed"]:
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            previous = [p.name for p in complete_checkpoints(run)]
+            intact = f"the newest complete checkpoint, {previous[-1]}, is intact" if previous else "no checkpoint before it"
+            free = shutil.disk_usage(root).free / 2**20
+            raise CheckpointError(f"could not write checkpoint {final} ({_reason(error)}; {free:.1f} MiB free on "
+                                  f"its disk); the partial folder was removed and {intact}: free space, then "
+                                  f"--resume {run}")
+
+
+def _reason(error) -> str:
+    if error is None:
+        return "another rank failed"
+    if isinstance(error, CheckpointException):  # one failing rank's (exception, traceback) says why
+        error = next(iter(error.failures.values()), (error,))[0]
+    return f"{type(error).__name__}: {error}"
+
+
+def _remove(path: Path) -> None:
+    """Rename first, so that a kill during the rmtree leaves a hidden folder, never a step-N
+    that looks complete and is not."""
+    doomed = path.with_name(f".{path.name}.deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
