@@ -79,65 +79,78 @@ def resolve_resume(resume: str, out: str) -> tuple[Path, Path | None]:
 
 def _loadable(path: Path) -> Path:
     """The checkpoint, after checks that name what is missing or truncated (no traceback)."""
+    earlier = [p for p in complete_checkpoints(path.parent.parent) if step_of(p) < step_of(path)] \
+        if path.name[5:].isdigit() else []
+    advice = (f"resume from the one before: --resume {earlier[-1]} (later ones are then moved to "
+              f"checkpoints/discarded/)" if earlier else "no earlier checkpoint to resume from")
+
+    def damaged(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path}: {what}; {advice}")
+
     missing = [name for name in COMPLETE if not (path / name).is_file()]
     if missing:
-        raise CheckpointError(f"--resume {path}: not a complete checkpoint (no {', '.join(missing)}); "
-                              f"give a run folder to resume from its newest complete checkpoint")
+        raise damaged(f"incomplete, no {', '.join(missing)}")
     try:
         torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: all "unreadable"
-        raise CheckpointError(f"{path / 'trainer_state.pt'} is truncated or corrupt ({type(e).__name__}); "
-                              f"resume from an earlier checkpoint") from None
+        raise damaged(f"trainer_state.pt is truncated or corrupt ({type(e).__name__})") from None
     try:
         with safe_open(str(path / "model.safetensors"), "pt"):
             pass
     except Exception as e:  # noqa: BLE001 - SafetensorError names no file
-        raise CheckpointError(f"{path / 'model.safetensors'} is truncated or corrupt ({e}); "
-                              f"resume from an earlier checkpoint") from None
-    _check_shards(path / "train_state")
+        raise damaged(f"model.safetensors is truncated or corrupt ({e})") from None
+    problem = _shard_problem(path / "train_state")
+    if problem:
+        raise damaged(problem)
     return path
 
 
-def _check_shards(path: Path) -> None:
-    """Every byte range the DCP metadata points at lies inside its file."""
+def _shard_problem(path: Path) -> str:
+    """What is wrong with a DCP folder: every byte range its metadata points at must lie inside
+    its file. "" when nothing is."""
     try:
         storage = FileSystemReader(str(path)).read_metadata().storage_data
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}/.metadata is truncated or corrupt ({type(e).__name__}); "
-                              f"resume from an earlier checkpoint") from None
+        return f"train_state/.metadata is truncated or corrupt ({type(e).__name__})"
     need = {}
     for info in storage.values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
     for name, size in need.items():
         file = path / name
         if not file.is_file() or file.stat().st_size < size:
-            raise CheckpointError(f"{file} is missing or truncated (needs {size} bytes); "
-                                  f"resume from an earlier checkpoint")
+            return f"train_state/{name} is missing or truncated (needs {size} bytes)"
+    return ""
 
 
 def run_folder(resume: str, out: str, default: Path) -> tuple[Path, Path | None]:
-    """(the folder this launch trains in, the checkpoint it starts from or None), refusing what
-    would mix two runs in one folder: a new run (or a checkpoint continued under a new --out)
-    in a folder that holds one, and a resume from a checkpoint older than the run's newest."""
-    if not resume:
-        run, checkpoint = Path(out or default), None
-    else:
+    """(the folder this launch trains in, the checkpoint it starts from or None), refusing a new
+    run (or a checkpoint continued under a new --out) in a folder that holds one."""
+    if resume:
         run, checkpoint = resolve_resume(resume, out)
-        if out and Path(out).resolve() != run.resolve():
-            run = Path(out)  # a new run that starts from another run's checkpoint
-        elif checkpoint is not None:
-            later = [p.name for p in complete_checkpoints(run) if step_of(p) > step_of(checkpoint)]
-            if later:
-                raise CheckpointError(f"--resume {resume}: {run} has later checkpoints ({', '.join(later)}), "
-                                      f"whose steps this would overwrite; resume from the newest with "
-                                      f"--resume {run}, or continue this one in a new folder with --out")
-            return run, checkpoint
-        else:
-            return run, None  # auto, nothing saved yet: the run starts afresh in its folder
+        if not out or Path(out).resolve() == run.resolve():
+            return run, checkpoint  # auto with nothing saved yet: the run starts afresh in its folder
+        run = Path(out)  # a new run that starts from another run's checkpoint
+    else:
+        run, checkpoint = Path(out or default), None
     if (run / "metrics.jsonl").exists() or (run / "checkpoints").exists():
         raise CheckpointError(f"--out {run} holds a run already: continue it with --resume {run}, "
                               f"or choose another --out")
     return run, checkpoint
+
+
+def set_aside_later(run: Path, step: int) -> list[str]:
+    """Move the checkpoints after `step` (a resume from an earlier one, e.g. past a damaged newest)
+    into checkpoints/discarded/, out of the way of the steps this run writes again; nothing is
+    deleted. Returns their names."""
+    later = [p for p in complete_checkpoints(run) if step_of(p) > step]
+    for p in later:
+        target = run / "checkpoints" / "discarded" / p.name
+        n = 1
+        while target.exists():
+            target, n = target.with_name(f"{p.name}.{n}"), n + 1
+        target.parent.mkdir(exist_ok=True)
+        os.rename(p, target)
+    return [p.name for p in later]
 
 
 def saved_config(checkpoint: Path) -> dict:
@@ -223,7 +236,9 @@ def save(run: Path, step: int, rank: int, device, *, rank0_files, sharded, keep:
         if everyone or rank == 0:
             try:
                 stage(partial)
-            except (OSError, CheckpointException) as e:
+            # a full disk raises OSError, SafetensorError, torch.save's RuntimeError, or DCP's
+            # CheckpointException (a BaseException)
+            except (Exception, CheckpointException) as e:  # noqa: BLE001
                 error = e
         if all_reduce_sum({"failed": error is not None}, device)["failed"]:
             if rank == 0:

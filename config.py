@@ -61,6 +61,7 @@ class Config:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
+    engine: str = "fast"  # who generates: fast (rollout.decode: in-place KV cache, one prefill per group) | hf (model.generate)
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
@@ -139,7 +140,7 @@ def parse_config(argv=None) -> Config:
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
         if checkpoint is not None:
-            known = {f.name for f in fields(Config)}
+            known = {f.name for f in fields(Config)} - {"out", "resume"}  # where the run is now, not was
             base = {k: v for k, v in saved_config(checkpoint).items() if k in known}
     return Config(**{**base, **given})
 
@@ -242,6 +243,7 @@ def validate(cfg: Config, world: int) -> None:
         (cfg.precision in ("auto", "fp32", "bf16") and cfg.save_dtype in ("auto", "fp32", "bf16"),
          "precision and save_dtype must be auto, fp32 or bf16"),
         (cfg.parallel in ("auto", "ddp", "fsdp"), f"parallel={cfg.parallel!r}: choose auto, ddp or fsdp"),
+        (cfg.engine in ("fast", "hf"), f"engine={cfg.engine!r}: choose fast or hf"),
         (min(cfg.max_tokens_per_micro_batch, cfg.rollout_batch_size, cfg.prefill_chunk, cfg.world_size) >= 0
          and cfg.dist_timeout > 0 and cfg.gpu_memory > 0 and cfg.plan_prompt_tokens > 0,
          "max_tokens_per_micro_batch, rollout_batch_size, prefill_chunk and world_size must be ≥ 0; "
@@ -276,7 +278,8 @@ def eval_settings(cfg: Config) -> dict:
     """evaluate()'s keyword arguments from the eval fields: train.py's periodic eval and a
     stand-alone `eval.py --config` run take them from here, so their numbers agree."""
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
-                sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk),
+                sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
+                                  cfg.engine),
                 chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
                 seed=cfg.seed + 7919)
 

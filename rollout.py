@@ -9,11 +9,13 @@ nothing is inherited from the checkpoint's generation_config (model.load_model r
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import GenerationConfig
+from transformers.cache_utils import Cache, DynamicLayer
 
 from rewards import Problem
 
@@ -25,6 +27,7 @@ class Sampling:
     top_k: int = 0  # 0 = off (HF's own default would be 50)
     max_new_tokens: int = 64
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
+    engine: str = "fast"  # fast: `decode` below | hf: HF generate, the reference
 
 
 @dataclass
@@ -123,13 +126,20 @@ def prefill(lm, rows: list[list[int]], pad_id: int, width: int, chunk: int = 0):
     """The KV cache of the rows left-padded to `width`, with the positions generate gives them
     (0 at each row's first real token), for generate to continue from; `chunk` columns a forward."""
     ids, mask = left_pad(rows, pad_id, next(lm.parameters()).device, width)
-    positions, cache, step = (mask.cumsum(1) - 1).clamp(min=0), None, chunk or width
     with inference(lm):
-        for s in range(0, width, step):
-            cache = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
-                       position_ids=positions[:, s:s + step], past_key_values=cache, use_cache=True,
-                       logits_to_keep=1).past_key_values
-    return cache
+        return forward_columns(lm, ids, mask, None, 0, chunk)[0]
+
+
+def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
+    """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
+    the model makes one), `chunk` columns a forward (0: all at once). Returns (the cache, float32
+    logits of the last column)."""
+    positions, step = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1]
+    for s in range(start, ids.shape[1], step):
+        out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+                 position_ids=positions[:, s:s + step], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache, logits = out.past_key_values, out.logits[:, -1].float()
+    return cache, logits
 
 
 def cache_rows(cache, rows: list[int]):
@@ -141,9 +151,12 @@ def cache_rows(cache, rows: list[int]):
 
 def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
            cache=None) -> list[list[int]]:
-    """One batched generate call over prompts left-padded to at least `width` -> each row's new
+    """One batched generation over prompts left-padded to at least `width` -> each row's new
     tokens, cut after the first EOS (a row without EOS has sampling.max_new_tokens of them).
-    `cache`: the KV cache of the padded prompts' first columns, which are then not re-read."""
+    `cache`: the KV cache of the padded prompts' first columns, which are then not re-read.
+    sampling.engine picks who generates: this module's engine (`decode`) or HF `generate`."""
+    if sampling.engine == "fast" and full_attention_only(lm):
+        return [tokens for tokens, _ in decode(lm, tokenizer, rows, sampling, width=width, cache=cache)]
     device = next(lm.parameters()).device
     input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
     greedy = sampling.temperature == 0
@@ -227,6 +240,157 @@ def traces(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], 
             text=tokenizer.decode(last.prompt_ids[len(q):] + last.response_ids, skip_special_tokens=True),
             group=first_group + i // group_size, problem=problems[i // group_size]))
     return episodes
+
+
+# ----------------------------------------------------------------------------- the engine
+
+class SlabLayer(DynamicLayer):
+    """One layer's KV cache in a buffer allocated once, [rows, heads, capacity, dim], written in
+    place: a decode step writes one column where a DynamicCache concatenates a whole new cache
+    (torch.cat was ~17% of HF generate's time). Attention reads views of the filled part."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length, self.rows = capacity, 0, 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._allocate(key_states.shape[0], key_states, value_states)
+        self.is_initialized = True
+
+    def _allocate(self, rows: int, key_like, value_like) -> None:
+        heads = key_like.shape[1]
+        self.k = key_like.new_empty(rows, heads, self.capacity, key_like.shape[-1])
+        self.v = value_like.new_empty(rows, heads, self.capacity, value_like.shape[-1])
+        self.rows = rows
+
+    def _views(self) -> None:
+        self.keys, self.values = self.k[:self.rows, :, :self.length], self.v[:self.rows, :, :self.length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        self.k[:self.rows, :, self.length:end] = key_states
+        self.v[:self.rows, :, self.length:end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep these rows, in this order: how finished rows leave the batch (the buffer keeps its
+        size, only filled columns move) and how a group's one prefill becomes its G rows."""
+        if not self.is_initialized:
+            return
+        keys, values = self.keys[indices], self.values[indices]
+        if len(indices) > self.k.shape[0]:
+            self._allocate(len(indices), keys, values)
+        self.rows = len(indices)
+        self.k[:self.rows, :, :self.length] = keys
+        self.v[:self.rows, :, :self.length] = values
+        self._views()
+
+
+def slab_cache(lm, capacity: int, prefix=None) -> Cache:
+    """A cache of SlabLayers holding `capacity` columns, filled with a DynamicCache's if given."""
+    cache = Cache(layers=[SlabLayer(capacity) for _ in range(lm.config.get_text_config().num_hidden_layers)])
+    for i, layer in enumerate(prefix.layers if prefix is not None else []):
+        cache.layers[i].update(layer.keys, layer.values)
+    return cache
+
+
+def full_attention_only(lm) -> bool:
+    """Whether every layer attends to the whole context, as SlabLayer assumes (sliding-window
+    layers, as Gemma's or Mistral's, are left to HF generate)."""
+    config = lm.config.get_text_config()
+    return set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
+
+
+def pick(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The next token of each row, drawn on the device."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(truncated(logits / sampling.temperature, sampling).softmax(-1), 1)[:, 0]
+
+
+def truncated(z: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature-scaled logits with what top-k, then top-p, removes set to -inf (HF's order and
+    rules: top-p drops the tokens whose higher-ranked mass already reaches top_p, never the top one)."""
+    if sampling.top_k:
+        kth = z.topk(min(sampling.top_k, z.shape[-1])).values[:, -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    if sampling.top_p < 1:
+        sorted_z, order = z.sort(-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        z = z.scatter(-1, order, sorted_z.masked_fill(probs.cumsum(-1) - probs >= sampling.top_p, -math.inf))
+    return z
+
+
+def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
+           cache=None) -> list[tuple[list[int], list[float]]]:
+    """The engine: `sample`'s contract, plus each token's log-prob under the sampling policy
+    (log-softmax of z/τ, untruncated: what the trainer computes, SPEC §0).
+
+    - The KV cache is a SlabLayer per layer, sized once for prompt + budget.
+    - Rows with the same prompt (a group's G samples) are prefilled once and then copied.
+    - Finished rows leave the batch: once a quarter of the rows have written EOS, the cache,
+      mask and positions keep only the rows still going, so the cost follows the live rows.
+    - Sampling runs on the device; the host reads which rows finished every step on CPU (free)
+      and every 8 steps on CUDA (a row that finished in between runs on, and is cut at its EOS).
+    """
+    device = next(lm.parameters()).device
+    eos, budget = tokenizer.eos_token_id, sampling.max_new_tokens
+    ids, mask = left_pad(rows, tokenizer.pad_token_id, device, width)
+    n, w = ids.shape
+    full_mask = torch.cat([mask, mask.new_zeros(n, budget)], 1)
+    with inference(lm):
+        if cache is None:
+            keys = list(map(tuple, ids.tolist()))
+            slot = {}  # a distinct padded prompt -> its row in the prefill
+            copies = torch.tensor([slot.setdefault(k, len(slot)) for k in keys], device=device)
+            unique = torch.tensor([keys.index(k) for k in slot], device=device)
+            slab, logits = forward_columns(lm, ids[unique], mask[unique], slab_cache(lm, w + budget), 0,
+                                           sampling.prefill_chunk)
+            slab.batch_select_indices(copies)
+            logits = logits[copies]
+        else:
+            slab, logits = forward_columns(lm, ids, mask, slab_cache(lm, w + budget, cache),
+                                           cache.get_seq_length(), sampling.prefill_chunk)
+        position = mask.sum(1)  # the next token's position, per row
+        live = torch.arange(n, device=device)  # the original row of each batch row
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        tokens = torch.full((n, budget), tokenizer.pad_token_id, device=device)
+        logps = torch.zeros(n, budget, device=device)
+        check = 1 if device.type != "cuda" else 8
+        for t in range(budget):
+            token = pick(logits, sampling)
+            tokens[live, t] = token
+            logps[live, t] = (logits / (sampling.temperature or 1.0)).log_softmax(-1).gather(
+                -1, token[:, None])[:, 0]
+            done |= token == eos
+            if t == budget - 1:
+                break
+            if t % check == check - 1 or check == 1:
+                finished = int(done.sum())
+                if finished == len(live):
+                    break
+                if finished >= max(1, len(live) // 4):
+                    keep = (~done).nonzero()[:, 0]
+                    slab.batch_select_indices(keep)
+                    live, done, token, position = live[keep], done[keep], token[keep], position[keep]
+                    full_mask = full_mask[keep]
+            full_mask[:, w + t] = 1
+            logits = lm(input_ids=token[:, None], attention_mask=full_mask[:, :w + t + 1],
+                        position_ids=position[:, None], past_key_values=slab, use_cache=True).logits[:, -1].float()
+            position = position + 1
+    out = []
+    for resp, lp in zip(tokens.tolist(), logps.tolist()):
+        end = resp.index(eos) + 1 if eos in resp else budget
+        out.append((resp[:end], lp[:end]))
+    return out
 
 
 def collate(episodes: list[Episode] | list[Chunk], pad_id: int, device) -> Batch:

@@ -45,7 +45,7 @@ from transformers.utils import logging as hf_logging
 
 import algos
 import checkpoint
-from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, truncate_logs
+from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
 from config import Config, budget, chunking, eval_settings, load_problems, parse_config, validate
 from eval import evaluate
 from model import (ResponseLogProbs, check_context, check_model_folder, count_parameters, load_model,
@@ -83,7 +83,7 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
     b_local = cfg.prompts_per_step // world
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
     kept, generated, rounds, dropped = [], [], 0, 0
     while True:
         problems = stream.get(data_pos + rank * b_local, b_local)
@@ -396,12 +396,17 @@ def main(argv=None) -> None:
                 held.enter_context(lock(out))  # the run folder is this process's until it exits
         except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
             sys.exit(f"error: {e}" if first else 1)
+        error = ""
         try:
             train(cfg, task, train_problems, heldout, tokenizer, hf_config, out, start)
         except CheckpointError as e:
-            if first:
-                print(f"error: {e}", file=sys.stderr, flush=True)
-            teardown()  # no rank leaves before rank 0 has said why (torchrun stops the rest at the first exit)
+            error = f"error: {e}"
+        if error and first:
+            print(error, file=sys.stderr, flush=True)
+        # After train()'s frames are gone: a DDP model that outlives its process group can deadlock
+        # gloo at exit. And no rank leaves before rank 0 has said why (torchrun stops the rest).
+        teardown()
+        if error:
             sys.exit(1)
 
 
@@ -447,6 +452,8 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         removed = clean_partials(out)
         if removed:
             say(rank, f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
+        for name in set_aside_later(out, step if start is not None else -1):
+            say(rank, f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
         if cfg.resume:  # what was logged after the checkpoint is replayed, so logged again
             truncate_logs(out, logged)
         (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -507,7 +514,6 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
             save()
     logger.close()
-    teardown()
 
 
 if __name__ == "__main__":

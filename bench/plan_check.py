@@ -181,7 +181,7 @@ def measure(model_dir: str, cfg: Config, device) -> dict:
     tok, run = load_tokenizer(model_dir), setup(model_dir, cfg, device)
     autocast, rng, n = autocast_context(cfg, device), random.Random(0), cfg.prompts_per_step
     prompts = [[rng.randint(4, 99) for _ in range(cfg.plan_prompt_tokens - i % 3)] for i in range(n)]
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
     with Peak(device, run["existing"], offset) as rollout, full_weights(run["scorer"]), autocast():
         episodes = generate(run["lm"], tok, [Problem("p", "0")] * n, prompts, group_size=cfg.group_size,
                             sampling=sampling, chunking=chunking(cfg), batch_size=cfg.rollout_batch_size)

@@ -32,7 +32,7 @@ class ScriptedLM(torch.nn.Module):
     def forward(self, input_ids, attention_mask, **_):
         self.prefills.append([[t for t, m in zip(ids, mask) if m]
                               for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())])
-        return SimpleNamespace(past_key_values=DynamicCache())
+        return SimpleNamespace(past_key_values=DynamicCache(), logits=torch.zeros(len(input_ids), 1, 1))
 
     def generate(self, input_ids, attention_mask, generation_config, past_key_values=None, **_):
         budget = generation_config.max_new_tokens
@@ -62,7 +62,7 @@ def g(*numbers):
 
 def rollout(lm, c, m, h, cap, queries=(Q,), group_size=1):
     return generate(lm, TOKENIZER, [Problem("p", "0")] * len(queries), list(queries),
-                    group_size=group_size, sampling=Sampling(max_new_tokens=c),
+                    group_size=group_size, sampling=Sampling(max_new_tokens=c, engine="hf"),  # it scripts generate
                     chunking=Chunking(carryover=m, head=h, max_chunks=cap))
 
 

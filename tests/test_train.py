@@ -113,7 +113,18 @@ def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
     saved = config.parse_config(["--resume", str(run)])
     assert (saved.prompts_per_step, saved.max_new_tokens, saved.max_steps, saved.lr) == (4, 24, 3, 1e-3)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
-    assert "has later checkpoints (step-2, step-3)" in run_main(["--resume", str(run / "checkpoints" / "step-1")])
+
+    # a damaged newest checkpoint: the error names it and the one to resume from instead, and
+    # following that advice replays step 3 and sets the damaged one aside (nothing is deleted)
+    state = run / "checkpoints" / "step-3" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    msg = run_main(["--resume", str(run)])
+    assert "step-3: trainer_state.pt is truncated or corrupt" in msg
+    advice = msg.split("--resume ")[-1].split(" ")[0]
+    assert advice == str(run / "checkpoints" / "step-2")
+    train.main(["--resume", advice, "--max-steps", "3"])  # step-2 was saved by the 2-step launch
+    assert [x["step"] for x in metrics(run)] == [1, 2, 3] and same_run(metrics(tmp_path / "whole"), metrics(run))
+    assert (run / "checkpoints" / "discarded" / "step-3" / "trainer_state.pt").stat().st_size == 100
 
 
 def test_keep_checkpoints_keeps_the_newest(tmp_path):
