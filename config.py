@@ -61,7 +61,7 @@ class Config:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "fast"  # who generates: fast (rollout.decode: in-place KV cache, one prefill per group) | hf (model.generate)
+    engine: str = "hf"  # who generates: hf (model.generate) | fast (rollout.decode: in-place KV cache, one prefill per group)
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant

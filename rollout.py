@@ -27,7 +27,7 @@ class Sampling:
     top_k: int = 0  # 0 = off (HF's own default would be 50)
     max_new_tokens: int = 64
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
-    engine: str = "fast"  # fast: `decode` below | hf: HF generate, the reference
+    engine: str = "hf"  # hf: HF generate, the reference | fast: this module's engine, `decode`
 
 
 @dataclass

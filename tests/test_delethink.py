@@ -103,12 +103,15 @@ def test_head_of_chunk_one_is_kept():
     assert lm.prefills == [[Q + g(1, 2)]]
 
 
-@pytest.mark.parametrize("arch,prefill_chunk,batch_size", [("qwen2", 0, 0), ("llama", 0, 0), ("qwen2", 4, 2)])
-def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size):
+@pytest.mark.parametrize("arch,prefill_chunk,batch_size,engine", [("qwen2", 0, 0, "hf"), ("llama", 0, 0, "hf"),
+                                                                   ("qwen2", 4, 2, "hf"), ("qwen2", 0, 0, "fast"),
+                                                                   ("llama", 4, 2, "fast")])
+def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size, engine):
     """Later chunks reuse the q ⧺ head KV cache computed after chunk 1 (left-padded queries of
     several lengths, traces leaving the batch in different rounds): greedy, every chunk is exactly
     what a plain generate call writes from that chunk's prompt alone, with no padding and no cache.
-    So do prompts prefilled 4 tokens a forward, in generate calls of 2 traces."""
+    So do prompts prefilled 4 tokens a forward, in generate calls of 2 traces, and so does the
+    fast engine (rollout.decode), which copies the cache into its own."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     config, cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     torch.manual_seed(0)
@@ -122,7 +125,7 @@ def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size):
     def chunked(eos):
         tok = SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, skip_special_tokens: "")
         return generate(lm, tok, [Problem("p", "0")] * len(queries), queries, group_size=1,
-                        sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk),
+                        sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk, engine=engine),
                         chunking=Chunking(carryover=m, head=h, max_chunks=cap), batch_size=batch_size)
 
     # EOS = a token trace 0 first writes in its third chunk, so traces stop in different rounds.

@@ -51,7 +51,7 @@ def test_greedy_equals_hf_generate(arch):
     an EOS that rows write at different steps, so finished rows leave the batch mid-way."""
     lm = random_lm(arch)
     rows = [p for p in prompts([3, 9, 5, 12, 7]) for _ in range(2)]
-    greedy = Sampling(temperature=0, max_new_tokens=24)
+    greedy = Sampling(temperature=0, max_new_tokens=24, engine="fast")
     eos = frequent_token(sample(lm, tokenizer(10_000), rows, greedy))
     hf = sample(lm, tokenizer(eos), rows, Sampling(temperature=0, max_new_tokens=24, engine="hf"))
     fast = sample(lm, tokenizer(eos), rows, greedy)

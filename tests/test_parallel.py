@@ -8,6 +8,7 @@ seconds of imports on a 2-core machine, the checks themselves a fraction of that
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -72,9 +73,9 @@ def fsdp_update(model_dir, cfg, rank, world, gradient_checkpointing=False):
     return full, metrics, sharded
 
 
-def greedy_tokens(lm, tok, problems, batch_size=0) -> list[list[int]]:
+def greedy_tokens(lm, tok, problems, batch_size=0, engine="hf") -> list[list[int]]:
     eps = generate(lm, tok, problems, encode_prompts(tok, problems, chat_template=True), group_size=GROUP,
-                   sampling=GREEDY, batch_size=batch_size)
+                   sampling=replace(GREEDY, engine=engine), batch_size=batch_size)
     return [e.response_ids for e in eps]
 
 
@@ -92,6 +93,7 @@ def fsdp_rollouts(model_dir, rank, world) -> dict:
     with full_weights(scorer):
         out["together"] = greedy_tokens(lm, tok, mine)
         out["batched"] = greedy_tokens(lm, tok, mine, batch_size=GROUP)
+        out["engine"] = greedy_tokens(lm, tok, mine, engine="fast")
         # Rank 1 leaves the block and waits in the next collective (full_tensor below). Were rank 0's
         # generate to wait for it (HF's synced_gpus, or a layer all-gathering per forward), that
         # collective times out or aborts and the fixture fails.
@@ -169,12 +171,13 @@ def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks)
 
 def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
     """Inside full_weights the sharded model greedily writes exactly what the plain one does (all
-    ranks, in batches, rank 0 alone); after it the optimizer's sharded parameters are back."""
+    ranks, in batches, with the fast engine, rank 0 alone); after it the optimizer's sharded parameters are back."""
     for rank, r in enumerate(two_ranks["rollouts"]):
         assert len(r["plain"]) == len(PROBLEMS[rank::2]) * GROUP
         assert len({tuple(t) for t in r["plain"]}) == len(r["plain"]) // GROUP  # each prompt its own answer
         assert r["together"] == r["plain"], rank
         assert r["batched"] == r["plain"], rank
+        assert r["engine"] == r["plain"], rank  # rollout.decode on the unsharded FSDP model
         assert r["same_objects"] and r["optimizer_holds_them"], "full_weights replaced the parameters"
         assert r["sharded"], "parameters not resharded after full_weights"
         assert r["weights_kept"]
