@@ -6,6 +6,7 @@ A run folder (--out):
     checkpoints/step-N/            a complete checkpoint: HF weights, tokenizer, trainer_state.pt,
                                    train_config.yaml (the run's Config), train_state/ (DCP shards)
     checkpoints/.step-N.partial/   a checkpoint being written
+    checkpoints/discarded/         checkpoints after the one a run was resumed from (set aside)
 
 Atomicity: every file of a checkpoint is written and fsynced under `.step-N.partial`, then one
 rename publishes it as `step-N`, so a folder named step-N is always complete and the newest
