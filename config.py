@@ -116,7 +116,7 @@ class Config:
     save_dtype: str = "auto"  # dtype of the HF weights in checkpoints: auto (the compute dtype) | fp32 | bf16
     gradient_checkpointing: bool = False  # recompute each decoder layer in backward: activation memory ÷ ~layers
     dist_timeout: int = 60  # minutes a rank waits in a collective (e.g. for rank 0 writing a checkpoint)
-    logprob_chunk: int = 512  # tokens per chunk of the log-prob computation (peak ~ 5·chunk·vocab·4 B)
+    logprob_chunk: int = 0  # tokens per chunk of the log-prob computation; 0 = auto: 32 MiB of fp32 logits, ≤ 512 (model.logprob_chunk)
     trust_remote_code: bool = False  # allow model code shipped with a checkpoint
     # --- memory plan (python train.py --config X.yaml --plan --world-size 8): reads no weights
     plan: bool = False  # print the per-GPU memory plan and exit: 0 if it fits gpu_memory, 1 if not

@@ -116,6 +116,18 @@ def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, ent
     return logp, entropy, mean
 
 
+LOGITS_CHUNK_BYTES = 32 * 2**20  # float32 logits of one log-prob chunk, when the chunk is chosen for you
+
+
+def logprob_chunk(chunk: int, vocab: int) -> int:
+    """Tokens per chunk of the log-prob computation: `chunk`, or for 0 as many as keep a chunk's
+    float32 logits within 32 MiB, from 16 to 512 tokens: 55 at vocabulary 151,936 (Qwen), 256 at
+    32,768, 512 below 16,385. A chunk's forward + backward peaks at about 1.4 × its logits, so at
+    Qwen's vocabulary and 1,024 response tokens a micro-batch needs under 1/8 of a naive float32
+    log-softmax."""
+    return chunk or max(16, min(512, LOGITS_CHUNK_BYTES // (4 * vocab)))
+
+
 class ResponseLogProbs(nn.Module):
     """Wraps a causal LM so that forward returns response-token log-probs and entropies.
 
@@ -127,9 +139,9 @@ class ResponseLogProbs(nn.Module):
     the ones that predict response token t (SPEC §0 alignment).
     """
 
-    def __init__(self, lm, chunk: int = 512):
+    def __init__(self, lm, chunk: int = 0):
         super().__init__()
-        self.lm, self.chunk = lm, chunk
+        self.lm, self.chunk = lm, logprob_chunk(chunk, lm.get_output_embeddings().weight.shape[0])
 
     def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float,
                 vocab_mean: bool = False, entropy_grad: bool = False) -> dict:

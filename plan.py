@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import algos
 from config import chunking
+from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
 
@@ -279,7 +280,7 @@ def update_phases(cfg, s: Shape, t: Target) -> list:
              [(f"saved activations, all layers, {rows} rows × {length} tokens", s.layers * per_layer)])
     saved += [("final norm, hidden states, bool attention mask",
                tokens * s.hidden * (4 + 2 * a) + rows * response * s.hidden * a + rows * length ** 2)]
-    chunk = min(cfg.logprob_chunk, rows * response)
+    chunk = min(logprob_chunk(cfg.logprob_chunk, s.vocab), rows * response)
     # model._chunk_stats casts the head weight to fp32 and gets its fp32 gradient in every
     # chunk's backward; in fp32 there is no cast, and the first chunk's gradient is .grad itself
     head_copies = 2 if b != 4 else (1 if rows * response > chunk else 0)
@@ -408,7 +409,7 @@ def _largest(ok, lo: int, hi: int) -> int | None:
     return lo
 
 
-def _knobs(cfg, world: int) -> dict:
+def _knobs(cfg, world: int, vocab: int) -> dict:
     """Per group of phases, the fields that shrink it: (field, lowest and highest count of
     units to try, unit); rollout_batch_size counts whole groups (unit G)."""
     g, n, b_local = cfg.group_size, cfg.eval_samples, cfg.prompts_per_step // world
@@ -420,7 +421,7 @@ def _knobs(cfg, world: int) -> dict:
         "eval": [("eval_batch_size", 1, max(1, cfg.eval_batch_size // n) - 1, n), prefill],
         "update": [("max_tokens_per_micro_batch", length, rows * length - 1, 1),
                    ("micro_batch_size", cfg.group_size if _whole_groups(cfg) else 1, rows - 1, 1),
-                   ("logprob_chunk", 1, cfg.logprob_chunk - 1, 1)],
+                   ("logprob_chunk", 1, logprob_chunk(cfg.logprob_chunk, vocab) - 1, 1)],
     }
 
 
@@ -429,7 +430,7 @@ def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
     """Concrete changes, one line per group of phases over budget, each option on its own
     enough for that group (the largest value that fits), then all first options together."""
     lines, together = [], {}
-    for group, knobs in _knobs(cfg, world).items():
+    for group, knobs in _knobs(cfg, world, shape.vocab).items():
         if _fits(cfg, shape, world, budget, group):
             continue
         options = {}

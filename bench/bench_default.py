@@ -4,14 +4,19 @@
 
 1. Speed: a few steps of the README's main command (2 ranks); rollout tokens/s, training tokens/s
    and the share of a step spent generating vs updating (step 1 is left out as warm-up).
-2. Memory: peak extra memory of one forward + backward of response log-probs at vocabulary 32k,
-   ours (chunked, recomputed in backward) vs the naive float32 full log_softmax of HF logits.
-   Each variant runs in a fresh process; on CPU the peak is the growth of max RSS, on CUDA
+2. Memory: peak extra memory of one forward + backward of response log-probs, ours (chunked,
+   recomputed in backward) vs the naive float32 full log_softmax of HF logits: at vocabulary 32k
+   with 512-token chunks, and at Qwen's 151,936 with the chunk chosen for you (--logprob-chunk 0)
+   for 2 × 512 and 8 × 512 response tokens. Each variant runs in a fresh process; on CPU the
+   peak is the growth of max RSS, with glibc's mmap threshold fixed at 128 KiB (its dynamic
+   threshold keeps freed 10-30 MB blocks, a small chunk's logits, in the heap and inflates max
+   RSS up to 10x: 2.2 GB instead of 0.22 GB measured for 55-token chunks), on CUDA
    torch.cuda.max_memory_allocated.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,7 +48,7 @@ sys.path.insert(0, ROOT)
 from transformers import LlamaConfig, LlamaForCausalLM
 from model import ResponseLogProbs
 torch.manual_seed(0)
-V, N, P, T = 32768, 16, 16, 256
+P = 16
 lm = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
 dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,22 +68,27 @@ if MODE == "naive":
     z = lm(input_ids=ids, attention_mask=ones, position_ids=pos).logits[:, P - 1:-1].float()
     logp = torch.log_softmax(z / 0.7, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
 else:
-    logp = ResponseLogProbs(lm, chunk=512)(ids, ones, pos, mask, 0.7)["logp"]
+    logp = ResponseLogProbs(lm, chunk=CHUNK)(ids, ones, pos, mask, 0.7)["logp"]
 logp.sum().backward()
 print(peak() - base)
 """
 
 
 def memory() -> None:
-    peaks = {}
-    for mode in ("naive", "chunked"):
-        code = f"ROOT = {str(ROOT)!r}\nMODE = {mode!r}\n" + MEMORY_CHILD
-        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-        peaks[mode] = int(out.stdout.split()[-1])
-    print("log-prob forward + backward, 16 × 256 response tokens, vocabulary 32768:")
-    print(f"  naive float32 log_softmax  {peaks['naive'] / 2**20:8.1f} MiB")
-    print(f"  chunked (ours)             {peaks['chunked'] / 2**20:8.1f} MiB")
-    print(f"  ratio ours / naive         {peaks['chunked'] / peaks['naive']:8.3f}")
+    from model import logprob_chunk
+    for vocab, rows, tokens, chunk in ((32768, 16, 256, 512), (151936, 2, 512, 0), (151936, 8, 512, 0)):
+        peaks = {}
+        for mode in ("naive", "chunked"):
+            code = (f"ROOT = {str(ROOT)!r}\nMODE = {mode!r}\nV, N, T, CHUNK = {vocab}, {rows}, {tokens}, {chunk}\n"
+                    + MEMORY_CHILD)
+            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                 env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+            peaks[mode] = int(out.stdout.split()[-1])
+        print(f"log-prob forward + backward, {rows} × {tokens} response tokens, vocabulary {vocab}, "
+              f"chunk {logprob_chunk(chunk, vocab)} tokens{' (auto)' if not chunk else ''}:")
+        print(f"  naive float32 log_softmax  {peaks['naive'] / 2**20:8.1f} MiB")
+        print(f"  chunked (ours)             {peaks['chunked'] / 2**20:8.1f} MiB")
+        print(f"  ratio ours / naive         {peaks['chunked'] / peaks['naive']:8.3f}")
 
 
 if __name__ == "__main__":
