@@ -373,7 +373,7 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
             done |= token == eos
             if t == budget - 1:
                 break
-            if t % check == check - 1 or check == 1:
+            if t % check == check - 1:
                 finished = int(done.sum())
                 if finished == len(live):
                     break
