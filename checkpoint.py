@@ -57,13 +57,14 @@ def resolve_resume(resume: str, out: str) -> tuple[Path, Path | None]:
     """--resume (and --out) -> (run folder, checkpoint to load; None: start the run afresh).
 
     RUN -> its newest checkpoint; RUN/checkpoints/step-N -> that one; "auto" -> --out's newest,
-    or a fresh start when it has none yet (the same command restarts a preempted job)."""
+    or a fresh start when it has none yet (the same command restarts a preempted job). Found by
+    name only: run_folder checks that the checkpoint loads."""
     if resume == "auto":
         if not out:
             raise CheckpointError("--resume auto continues the run in --out: give --out RUN_DIR too")
         run = Path(out)
     elif (Path(resume) / "trainer_state.pt").is_file() or Path(resume).name.startswith("step-"):
-        return Path(resume).parent.parent, _loadable(Path(resume))
+        return Path(resume).parent.parent, Path(resume)
     else:
         run = Path(resume)
         if not run.is_dir():
@@ -71,7 +72,7 @@ def resolve_resume(resume: str, out: str) -> tuple[Path, Path | None]:
                                   f"checkpoints/step-N folders, or auto with --out)")
     found = complete_checkpoints(run)
     if found:
-        return run, _loadable(found[-1])
+        return run, found[-1]
     if resume == "auto":
         return run, None
     raise CheckpointError(f"--resume {resume}: no complete checkpoint in {run / 'checkpoints'} "
@@ -128,6 +129,8 @@ def run_folder(resume: str, out: str, default: Path) -> tuple[Path, Path | None]
     run (or a checkpoint continued under a new --out) in a folder that holds one."""
     if resume:
         run, checkpoint = resolve_resume(resume, out)
+        if checkpoint is not None:
+            _loadable(checkpoint)
         if not out or Path(out).resolve() == run.resolve():
             return run, checkpoint  # auto with nothing saved yet: the run starts afresh in its folder
         run = Path(out)  # a new run that starts from another run's checkpoint

@@ -139,7 +139,7 @@ def parse_config(argv=None) -> Config:
     base = algos.get(given.get("algo", Config.algo)).preset
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
-        if checkpoint is not None:
+        if checkpoint is not None and (checkpoint / "train_config.yaml").is_file():  # else train.preflight says so
             known = {f.name for f in fields(Config)} - {"out", "resume"}  # where the run is now, not was
             base = {k: v for k, v in saved_config(checkpoint).items() if k in known}
     return Config(**{**base, **given})

@@ -452,7 +452,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         removed = clean_partials(out)
         if removed:
             say(rank, f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
-        for name in set_aside_later(out, step if start is not None else -1):
+        for name in set_aside_later(out, logged):
             say(rank, f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
         if cfg.resume:  # what was logged after the checkpoint is replayed, so logged again
             truncate_logs(out, logged)
@@ -470,10 +470,13 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         save_dtype = {"auto": dtype, "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
         weights = full_state_dict(lm, save_dtype)  # every rank joins the gathers; rank 0 keeps them
         state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world}
-        checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints,
-                        rank0_files=lambda path: save_checkpoint(
-                            path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state,
-                            run_config=dataclasses.asdict(cfg)),
+
+        def rank0_files(path):
+            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state,
+                            run_config=dataclasses.asdict(cfg))
+            weights.clear()  # rank 0's full CPU copy goes before the sharded state is written
+
+        checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
                         sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
     if cfg.eval_every and step == 0 and heldout:
