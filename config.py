@@ -20,7 +20,7 @@ from algos.grpo import ADV_NORMS, LOSS_AGGS
 from algos.pacs import PACS_PSIS
 from algos.rover import ROVER_ADVS
 from checkpoint import resolve_resume, saved_config
-from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_file, make_task
+from rewards import BUILTIN_TASKS, DataError, builtin_splits, load_file, make_task, prompt_template, with_template
 from rollout import Chunking, Sampling
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
@@ -44,6 +44,8 @@ class Config:
     sum_max_terms: int = 5  # running_sum: most integers to add
     sum_digits: int = 2  # running_sum: digits per integer
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    prompt_template: str = ""  # the problem -> the user message: a paper's (pacs, rover, delethink, nsr, dr_grpo, dapo, gsm8k) or a string with {problem}; "" = as is
+    answer_after: str = ""  # answer gate: grade only the text after this (Delethink recipe: </think>); a response without it scores 0
     grade_timeout: float = 10.0  # seconds per math-verify grading (file tasks); over it scores 0, counted
     grade_workers: int = 4  # math-verify worker processes per rank, grading a batch in parallel (file tasks)
     grade_budget: float = 120.0  # seconds a rank may spend grading one batch; the rest scores 0, counted; 0 = no limit
@@ -62,6 +64,8 @@ class Config:
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
     engine: str = "hf"  # who generates: hf (model.generate) | fast (rollout.decode: in-place KV cache, one prefill per group)
+    tis_cap: float = 0.0  # truncated IS on the sampler/trainer ratio: PG loss × min(π_old/π_sampler, cap) per token; 0 = off (Delethink: 2)
+    mis_cap: float = 0.0  # masked IS: tokens whose π_old/π_sampler is over cap or under 1/cap get weight 0; 0 = off
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
@@ -86,15 +90,25 @@ class Config:
     # --- PACS (algos/pacs.py)
     pacs_beta: float = 1.0  # β: score r̂ = β · Σ_t (logp − logp_old) over the response
     pacs_psi: str = "loo"  # r̂ -> logit ψ within the group: loo (leave-one-out) | zscore | none
+    # --- 2025-26 losses (SPEC §7; algos/gspo.py, cispo.py, sapo.py, reinforce_pp.py, cov.py, high_entropy.py)
+    sapo_tau_pos: float = 1.0  # SAPO gate temperature where A > 0: ℓ = −σ(τ(r − 1))·4/τ·A
+    sapo_tau_neg: float = 1.05  # SAPO gate temperature where A ≤ 0 (larger: negative updates fade faster off-policy)
+    clip_cov_ratio: float = 2e-4  # Clip-Cov: at most this fraction of the valid tokens loses its gradient
+    clip_cov_lb: float = 1.0  # Clip-Cov: only tokens with lb < cov(A, logp) < ub are candidates
+    clip_cov_ub: float = 5.0  # Clip-Cov: upper end of that window
+    kl_cov_ratio: float = 2e-4  # KL-Cov: this fraction of the valid tokens, top by cov(A, logp), pays the penalty (paper 7B: 2e-3)
+    kl_cov_coef: float = 0.1  # KL-Cov: β_cov, penalty β_cov·|logp − logp_old| on those tokens (paper 7B: 1)
+    top_entropy_quantile: float = 1.0  # ρ, any algorithm: policy gradient only on the top ρ of tokens by entropy (80/20 paper: 0.2); 1 = off
     # --- Markovian thinking (Delethink, SPEC §5; rollout.py), with any algorithm but PACS
     max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain
     carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
-    chunk_head: int = 100  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
+    chunk_head: int = -1  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail; -1 = min(100, m) (official 100)
     eval_max_chunks: int = 0  # I at eval; more than max_chunks = test-time scaling; 0 = max_chunks
     # --- batch shaping (DAPO)
     mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
     overlong_penalty: bool = False  # soft length penalty added to the reward
-    overlong_cache: int = 16  # penalty ramps from 0 to −1 over the last this-many tokens
+    overlong_cache: int = 0  # penalty ramps from 0 to −1 over the last this-many tokens; 0 = a fifth of the budget (DAPO: 4096 of 20480)
+    zero_truncated: bool = False  # a response with no EOS within the budget scores 0 whatever the grader says (Dr. GRPO)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal; resample
     max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
     # --- eval
@@ -224,9 +238,20 @@ def validate(cfg: Config, world: int) -> None:
          f"--algo {cfg.algo} compares every response with the rest of its group: it needs "
          f"train_on=all and mask_truncated=false"),
         (cfg.rover_temp > 0 and cfg.pacs_beta > 0, "rover_temp and pacs_beta must be > 0"),
+        (cfg.algo not in ("gspo", "sapo") or cfg.loss_agg == "seq-mean-token-mean",
+         f"--algo {cfg.algo} always aggregates seq-mean-token-mean (as verl does): drop loss_agg={cfg.loss_agg}"),
+        (cfg.algo != "gspo" or cfg.max_chunks == 1,
+         "--algo gspo clips each response's whole ratio, which a Markovian trace split over rows does not "
+         "have in one row: set max_chunks 1"),
+        (cfg.sapo_tau_pos > 0 and cfg.sapo_tau_neg > 0 and cfg.kl_cov_coef >= 0
+         and 0 < cfg.clip_cov_ratio <= 1 and 0 < cfg.kl_cov_ratio <= 1 and cfg.clip_cov_lb < cfg.clip_cov_ub,
+         "sapo_tau_pos and sapo_tau_neg must be > 0, kl_cov_coef ≥ 0, clip_cov_ratio and kl_cov_ratio "
+         "in (0, 1], clip_cov_lb < clip_cov_ub"),
+        (0 < cfg.top_entropy_quantile <= 1,
+         f"top_entropy_quantile={cfg.top_entropy_quantile}: the kept fraction ρ must be in (0, 1] (1 = off)"),
         (cfg.max_chunks >= 1 and cfg.eval_max_chunks >= 0, "max_chunks must be ≥ 1, eval_max_chunks ≥ 0"),
-        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= cfg.chunk_head <= chunking(cfg).carryover
-         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({cfg.chunk_head}) ≤ carryover "
+        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunking(cfg).head <= chunking(cfg).carryover
+         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunking(cfg).head}) ≤ carryover "
          f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
         (not algos.get(cfg.algo).whole_groups or cfg.max_chunks == 1,
          f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 a "
@@ -244,12 +269,19 @@ def validate(cfg: Config, world: int) -> None:
          "precision and save_dtype must be auto, fp32 or bf16"),
         (cfg.parallel in ("auto", "ddp", "fsdp"), f"parallel={cfg.parallel!r}: choose auto, ddp or fsdp"),
         (cfg.engine in ("fast", "hf"), f"engine={cfg.engine!r}: choose fast or hf"),
+        (not (cfg.chat_template and "<|im_start|>" in prompt_template(cfg.prompt_template or "{problem}")),
+         f"--prompt-template {cfg.prompt_template} is already in the chat format: set chat_template false"),
+        ((cfg.tis_cap == 0 or cfg.tis_cap >= 1) and (cfg.mis_cap == 0 or cfg.mis_cap > 1),
+         f"tis_cap ({cfg.tis_cap}) must be 0 (off) or ≥ 1, mis_cap ({cfg.mis_cap}) 0 (off) or > 1"),
+        (not (cfg.tis_cap or cfg.mis_cap) or cfg.algo not in ("rover", "pacs"),
+         f"--algo {cfg.algo}'s loss is not a per-token policy gradient, so tis_cap / mis_cap do not apply to it"),
         (min(cfg.max_tokens_per_micro_batch, cfg.rollout_batch_size, cfg.prefill_chunk, cfg.world_size) >= 0
          and cfg.dist_timeout > 0 and cfg.gpu_memory > 0 and cfg.plan_prompt_tokens > 0,
          "max_tokens_per_micro_batch, rollout_batch_size, prefill_chunk and world_size must be ≥ 0; "
          "dist_timeout, gpu_memory and plan_prompt_tokens > 0"),
-        (not cfg.overlong_penalty or 0 < cfg.overlong_cache <= budget(cfg),
-         f"overlong_cache must be in (0, {budget(cfg)}] (the response budget)"),
+        (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= budget(cfg),
+         f"overlong_cache must be in [0, {budget(cfg)}] (the response budget; 0 = a fifth of it)"),
+        (cfg.chunk_head >= -1, f"chunk_head={cfg.chunk_head}: give h ≥ 0, or -1 for min(100, carryover)"),
         (not cfg.eval_data or cfg.data not in BUILTIN_TASKS,
          f"--eval-data is the held-out file of a file task; --data {cfg.data} is built in and is "
          f"graded by its own rules on its own held-out split: drop --eval-data, or train on a file"),
@@ -265,7 +297,8 @@ def validate(cfg: Config, world: int) -> None:
 def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
     """The Markovian-thinking knobs as rollout.py takes them (max_chunks 1: a plain rollout)."""
     chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
-    return Chunking(carryover=cfg.carryover or cfg.max_new_tokens // 2, head=cfg.chunk_head,
+    carryover = cfg.carryover or cfg.max_new_tokens // 2
+    return Chunking(carryover=carryover, head=min(100, carryover) if cfg.chunk_head < 0 else cfg.chunk_head,
                     max_chunks=chunks)
 
 
@@ -281,7 +314,7 @@ def eval_settings(cfg: Config) -> dict:
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
                                   cfg.engine),
                 chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
-                seed=cfg.seed + 7919)
+                answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 
 def load_problems(cfg: Config):
@@ -295,4 +328,5 @@ def load_problems(cfg: Config):
         train, heldout = task.problems, []
     if cfg.eval_data:
         heldout = load_file(cfg.eval_data)
-    return task, train, heldout[:cfg.eval_problems or None]
+    heldout = heldout[:cfg.eval_problems or None]
+    return task, with_template(train, cfg.prompt_template), with_template(heldout, cfg.prompt_template)

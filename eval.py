@@ -58,9 +58,9 @@ def majority(samples: list[dict]) -> tuple[str | None, float]:
     return top, next(s["reward"] for s in samples if s["answer"] == top)
 
 
-def graded(task, episodes, tokenizer) -> list[dict]:
+def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
     """Each response's record; a trace of several chunks also keeps what each chunk wrote."""
-    verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes])
+    verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=answer_after)
     return [{"response": e.text, "answer": v.answer, "reward": v.reward, "failure": v.failure,
              "length": len(e.response_ids), "truncated": e.truncated,
              **({"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})}
@@ -97,7 +97,7 @@ def summarize(records: list[dict], ks: list[int]) -> dict:
 @torch.no_grad()
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: Sampling,
              chat_template: bool, seed: int, chunking: Chunking = Chunking(), greedy: bool = False,
-             batch_size: int = 256, progress: bool = False) -> tuple[dict, list[dict]]:
+             batch_size: int = 256, answer_after: str = "", progress: bool = False) -> tuple[dict, list[dict]]:
     """Sample n responses per problem (batch_size sequences per generate call; with Markovian
     thinking `chunking.max_chunks` is the cap I), and one greedy response if asked; grade them.
     Returns (metrics of `summarize`, one record per problem in order), the same on every rank."""
@@ -111,7 +111,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
         torch.manual_seed(seed + b)
         episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
                             group_size=n, sampling=sampling, chunking=chunking)
-        records = graded(task, episodes, tokenizer)
+        records = graded(task, episodes, tokenizer, answer_after)
         for j in range(len(batch)):
             samples[start + j] = records[j * n:(j + 1) * n]
     # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
@@ -121,7 +121,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
             episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
                                 sampling=replace(sampling, temperature=0.0),
                                 chunking=chunking)
-            best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer))})
+            best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, (samples, best))

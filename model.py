@@ -8,6 +8,7 @@ computed only at completion positions, from the decoder's last hidden state, in 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,6 +66,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     if tok.pad_token_id is None:
         # Safe here: masks come from response lengths, never from pad == eos comparisons.
         tok.pad_token = tok.eos_token
+    # Generation stops at the tokenizer's EOS and at every EOS id of the checkpoint's
+    # generation_config (end-of-turn ids of chat checkpoints often differ from the tokenizer's).
+    # Only the stop ids are taken from it: sampling knobs come from our Config alone.
+    stops = [tok.eos_token_id]
+    if (Path(path) / "generation_config.json").is_file():
+        listed = GenerationConfig.from_pretrained(path).eos_token_id
+        stops += [i for i in (listed if isinstance(listed, list) else [listed]) if i is not None and i not in stops]
+    tok.stop_ids = stops
     return tok
 
 
@@ -94,7 +103,42 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
     return model.train()
 
 
-def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, entropy_grad):
+# How a model type's CausalLM forward turns lm_head(h) into its logits, beyond Gemma-2-style
+# soft-capping (any config with final_logit_softcapping): a factor from a config field, read off
+# transformers 5.23's modeling files. (field, power): logits = lm_head(h) · field^power.
+LOGIT_SCALES = {
+    **dict.fromkeys(["granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granite_swa",
+                     "granitemoe_swa", "minicpm3"], ("logits_scaling", -1)),
+    **dict.fromkeys(["cohere", "cohere2", "cohere2_moe"], ("logit_scale", 1)),
+    "hyperclovax": ("logits_scaling", 1),
+    "falcon_h1": ("lm_head_multiplier", 1),
+    "muse_spark": ("output_multiplier", 1),
+}
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """logits = softcap(scale · lm_head(h)): what the model's own forward returns (SPEC §0: the
+    log-probs are those of the distribution that is sampled). Llama: scale 1, no soft-cap."""
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, config) -> "LogitTransform":
+        text = config.get_text_config()
+        field, power = LOGIT_SCALES.get(text.model_type, (None, 1))
+        scale = float(getattr(text, field)) ** power if field else 1.0
+        return cls(scale, getattr(text, "final_logit_softcapping", None) or None)
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            z = z * self.scale
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+
+def _chunk_stats(h, weight, bias, targets, temperature, transform, vocab_mean, entropy_grad):
     """h [c, H], targets [c] -> (logp, entropy, vocab-mean or an empty tensor), each [c] float32.
 
     Only logp always carries a gradient: entropy does when entropy_grad (an entropy bonus), the
@@ -104,9 +148,7 @@ def _chunk_stats(h, weight, bias, targets, temperature, softcap, vocab_mean, ent
     # far coarser than the log-ratios that PPO, ROVER and PACS take at small learning rates
     with torch.autocast(h.device.type, enabled=False):
         z = F.linear(h.float(), weight.float(), None if bias is None else bias.float())
-    if softcap:  # Gemma-2 style final-logit soft-capping is part of the model's distribution
-        z = torch.tanh(z / softcap) * softcap
-    z = z / temperature
+    z = transform(z) / temperature
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -142,6 +184,7 @@ class ResponseLogProbs(nn.Module):
     def __init__(self, lm, chunk: int = 0):
         super().__init__()
         self.lm, self.chunk = lm, logprob_chunk(chunk, lm.get_output_embeddings().weight.shape[0])
+        self.transform = LogitTransform.of(lm.config)
 
     def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float,
                 vocab_mean: bool = False, entropy_grad: bool = False) -> dict:
@@ -153,11 +196,10 @@ class ResponseLogProbs(nn.Module):
         h = hidden[:, p - 1:p - 1 + tr][valid]  # [n_valid, H], predicting positions only
         targets = input_ids[:, p:][valid]
         head = self.lm.get_output_embeddings()
-        softcap = getattr(self.lm.config, "final_logit_softcapping", None)
         parts = []
         for s in range(0, h.shape[0], self.chunk):
             args = (h[s:s + self.chunk], head.weight, head.bias, targets[s:s + self.chunk],
-                    temperature, softcap, vocab_mean, entropy_grad)
+                    temperature, self.transform, vocab_mean, entropy_grad)
             if torch.is_grad_enabled():
                 parts.append(checkpoint(_chunk_stats, *args, use_reentrant=False))
             else:
@@ -168,6 +210,32 @@ class ResponseLogProbs(nn.Module):
             full = hidden.new_zeros(n, tr, dtype=torch.float32)
             out[name] = full.masked_scatter(valid, torch.cat([part[i] for part in parts])) if parts else full
         return out
+
+
+class ModelError(Exception):
+    """The model computes something this code does not reproduce; training would be wrong."""
+
+
+def check_logprobs(lm, ids: list[int], temperature: float, tol: float = 1e-3) -> float:
+    """The largest gap, in nats, between our log-probs of `ids` (every token after the first,
+    teacher-forced) and log_softmax(model(ids).logits / τ), computed in the model's own dtype.
+    A gap over `tol` raises ModelError naming the model type: its forward transforms the logits
+    in a way LogitTransform does not know, so every ratio, entropy and ROVER's vocab-mean would
+    describe a distribution other than the one sampled. fp32 gaps are ~1e-6; a Granite model
+    (logits / 8) unknown to the table gave 0.33 on random weights."""
+    x = torch.tensor([ids], device=next(lm.parameters()).device)
+    ones = torch.ones_like(x)
+    with torch.no_grad():
+        ours = ResponseLogProbs(lm)(x, ones, ones.cumsum(1) - 1, ones[:, 1:].float(), temperature)["logp"]
+        z = lm(input_ids=x, attention_mask=ones).logits[:, :-1].float() / temperature
+        theirs = z.log_softmax(-1).gather(-1, x[:, 1:, None])[..., 0]
+    gap = float((ours - theirs).abs().max())
+    if not gap <= tol:  # also catches a NaN
+        model_type = lm.config.get_text_config().model_type
+        raise ModelError(f"model type {model_type!r}: our log-probs differ from the model's own "
+                         f"(log_softmax of its logits) by up to {gap:.3g} nats: its forward transforms the "
+                         f"logits in a way model.LOGIT_SCALES does not know; add {model_type!r} there")
+    return gap
 
 
 def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict, run_config: dict) -> None:

@@ -198,7 +198,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     and its last decode step. Markovian rounds after the first also keep the q ⧺ head prefix
     cache of every trace (rollout.traces), so their KV cache is that plus one chunk's context."""
     p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
-    m, h = (chunking(cfg).carryover, min(cfg.chunk_head, chunking(cfg).carryover)) if chunks > 1 else (0, 0)
+    m, h = (chunking(cfg).carryover, chunking(cfg).head) if chunks > 1 else (0, 0)
     kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes  # K and V, every layer
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
@@ -219,7 +219,7 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     p, b = cfg.plan_prompt_tokens, t.bytes
     moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)
     if chunks > 1:
-        m, h = chunking(cfg).carryover, min(cfg.chunk_head, chunking(cfg).carryover)
+        m, h = chunking(cfg).carryover, chunking(cfg).head
         moments += ([(p + h, p + h, p + h), (3 * (p + h), 0, 0), (2 * (p + h) + m - h, m - h, p + m)] if m > h
                     else [(p + m, p + m, p + m)])  # (3 (p + h): the prefix, its deep copy, the rows kept)
     kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes

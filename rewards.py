@@ -656,14 +656,69 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
                     f"nor a .jsonl/.json/.parquet file")
 
 
-def grade_batch(task, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
+def grade_batch(task, items: list[tuple[Problem, str]], budget: float = 0.0,
+                answer_after: str = "") -> list[Verdict]:
     """One Verdict per (problem, response), in order. A task with grading workers (FileTask) grades
     them in parallel within `budget` seconds for the whole batch (0: the task's own budget); what
     the budget leaves ungraded scores 0 with failure "budget". The built-in graders take
-    milliseconds on any response, so they grade in order."""
+    milliseconds on any response, so they grade in order.
+
+    answer_after: the answer gate of the Delethink recipe (its official reward reads only what
+    follows the first "</think>"): the grader sees the text after the gate's first occurrence,
+    and a response without the gate scores 0 ungraded. "x=41 </think> so \\boxed{42}" -> "so
+    \\boxed{42}"; "6 times 7 is 42. Wait, but" (a trace cut at the chunk cap) -> 0."""
+    if answer_after:
+        gated = [(p, r.split(answer_after, 1)[1]) if answer_after in r else None for p, r in items]
+        verdicts = iter(grade_batch(task, [g for g in gated if g], budget))
+        return [next(verdicts) if g else Verdict(0.0) for g in gated]
     if not hasattr(task, "grade_batch"):
         return [task.grade(problem, response) for problem, response in items]
     return task.grade_batch(items, budget or task.budget)
+
+
+# The instruction each paper's official code wraps a problem in (`--prompt-template NAME`), read
+# off its data preprocessing. The chat-format ones (nsr, dr_grpo) are the whole prompt: the
+# official code writes the Qwen chat format by hand, so they need chat_template false.
+BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
+PROMPT_TEMPLATES = {
+    # ritzz-ai/PACS @ bbe1dc6, src/preprocess_dataset.py
+    "pacs": "{problem} " + BOXED,
+    # tinnerhrhe/ROVER @ b0fa587, the problems of Math/data/*.parquet and Math/eval/benchmarks
+    "rover": "{problem} Let's think step by step and output the final answer within \\boxed{}.",
+    # McGill-NLP/the-markovian-thinker @ 4478839, delethink_tracing_demo.py (its training YAML's
+    # single-quoted '\n\n' reaches the model as a literal backslash-n; we use the demo's newlines)
+    "delethink": "{problem}\n\n" + BOXED,
+    # TianHongZXY/RLVR-Decomposed @ a5d4e7c, verl/utils/dataset/rl_dataset.py (prompt_template_type qwen)
+    "nsr": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{problem}\n"
+           + BOXED + "<|im_end|>\n<|im_start|>assistant\n",
+    # sail-sg/understand-r1-zero @ dfca49d, train_zero_math.py (qwen_math)
+    "dr_grpo": "<|im_start|>system\n" + BOXED + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
+               "<|im_start|>assistant\n",
+    # BytedTsinghua-SIA/DAPO @ 33fe317, eval/aime-2024.parquet (DAPO-Math-17k is built the same way)
+    "dapo": "Solve the following math problem step by step. The last line of your response should be of the "
+            "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+            "Remember to put your answer on its own line after \"Answer:\".",
+    # volcengine/verl @ b178a3c, examples/data_preprocess/gsm8k.py
+    "gsm8k": "{problem} Let's think step by step and output the final answer after \"####\".",
+}
+
+
+def prompt_template(template: str) -> str:
+    """A --prompt-template value -> the format: a name of PROMPT_TEMPLATES, or a string holding
+    {problem} once (other braces are kept as written, so \\boxed{} needs no escaping)."""
+    text = PROMPT_TEMPLATES.get(template, template)
+    if text.count("{problem}") != 1:
+        raise DataError(f"--prompt-template {template!r}: give one of {', '.join(PROMPT_TEMPLATES)} or a "
+                        f"string containing {{problem}} exactly once")
+    return text
+
+
+def with_template(problems: list[Problem], template: str) -> list[Problem]:
+    """Each problem's prompt put into the template: "{problem} Answer briefly." with "2+2?" -> "2+2? Answer briefly."."""
+    if not template:
+        return problems
+    text = prompt_template(template)
+    return [Problem(text.replace("{problem}", p.prompt), p.answer) for p in problems]
 
 
 def builtin_splits(task, seed: int = 0) -> tuple[list[Problem], list[Problem]]:

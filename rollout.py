@@ -13,8 +13,9 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rewards import Problem
@@ -35,6 +36,7 @@ class Chunk:
     """One generate call of a trace: exactly what the model was fed and what it wrote."""
     prompt_ids: list[int]
     response_ids: list[int]
+    sampler_logp: list[float] = field(default_factory=list)  # per response token, log_softmax(z/τ) as sampled
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Batch:
     attention_mask: torch.Tensor  # [N, P + Tr]
     position_ids: torch.Tensor  # [N, P + Tr] 0 at each row's first real token
     response_mask: torch.Tensor  # [N, Tr] float, 1 for response tokens (EOS included)
+    sampler_logp: torch.Tensor | None = None  # [N, Tr] the sampler's log-probs; None unless every row has them
 
 
 def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> list[list[int]]:
@@ -83,6 +86,23 @@ def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> l
         else:
             out.append(tokenizer(p.prompt)["input_ids"])
     return out
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """The ids that end a response: model.load_tokenizer's list (the tokenizer's EOS and those of
+    the checkpoint's generation_config), or the tokenizer's EOS alone."""
+    return getattr(tokenizer, "stop_ids", None) or [tokenizer.eos_token_id]
+
+
+def ends(tokens: list[int], stops: list[int]) -> bool:
+    """Whether a response wrote a stop id as its last token: [5, 2], stops [2, 7] -> True."""
+    return bool(tokens) and tokens[-1] in stops
+
+
+def cut_at_stop(tokens: list[int], stops: list[int], limit: int) -> list[int]:
+    """Up to and including the first stop id, else the first `limit`: [5, 7, 3, 2], [2, 7] -> [5, 7]."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), limit)
+    return tokens[:end]
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,32 +169,56 @@ def cache_rows(cache, rows: list[int]):
     return cache
 
 
+class SamplerLogProbs(LogitsProcessor):
+    """Records, while HF generate samples, each drawn token's log_softmax(z/τ) from the logits it
+    was drawn with: generate hands a processor the model's logits before its temperature, top-k and
+    top-p (which it applies after every processor it is given), and the token drawn from them in
+    the next call's input_ids."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.steps, self.last = temperature or 1.0, [], None
+
+    def __call__(self, input_ids, scores):
+        if self.last is not None:
+            self.steps.append(self.last.gather(-1, input_ids[:, -1:])[:, 0])
+        self.last = (scores.float() / self.temperature).log_softmax(-1)
+        return scores
+
+    def per_token(self, new_tokens: torch.Tensor) -> list[list[float]]:
+        """[rows, columns] log-probs of the columns generate wrote (new_tokens: those columns)."""
+        if self.last is None:
+            return [[] for _ in new_tokens]
+        steps = self.steps + [self.last.gather(-1, new_tokens[:, -1:])[:, 0]]
+        return torch.stack(steps, 1).tolist()
+
+
 def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
-           cache=None) -> list[list[int]]:
+           cache=None) -> list[tuple[list[int], list[float]]]:
     """One batched generation over prompts left-padded to at least `width` -> each row's new
-    tokens, cut after the first EOS (a row without EOS has sampling.max_new_tokens of them).
+    tokens, cut after the first stop id (a row without one has sampling.max_new_tokens of them),
+    with each token's log-prob under the sampler (log_softmax of its logits / τ, untruncated:
+    what the trainer recomputes, SPEC §0, so that the two can be compared).
     `cache`: the KV cache of the padded prompts' first columns, which are then not re-read.
     sampling.engine picks who generates: this module's engine (`decode`) or HF `generate`."""
     if sampling.engine == "fast" and full_attention_only(lm):
-        return [tokens for tokens, _ in decode(lm, tokenizer, rows, sampling, width=width, cache=cache)]
+        return decode(lm, tokenizer, rows, sampling, width=width, cache=cache)
     device = next(lm.parameters()).device
     input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
     greedy = sampling.temperature == 0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
         pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=sampling.prefill_chunk or None)
+    recorder = SamplerLogProbs(sampling.temperature)
     with inference(lm):
         # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
         # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
         out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          past_key_values=cache, synced_gpus=False)
-    new = []
-    for resp in out[:, input_ids.shape[1]:].tolist():
-        eos = resp.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in resp else None
-        new.append(resp[:eos + 1] if eos is not None else resp[:sampling.max_new_tokens])
-    return new
+                          past_key_values=cache, synced_gpus=False, logits_processor=[recorder])
+    new = out[:, input_ids.shape[1]:]
+    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens) for resp in new.tolist()]
+    return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
 
 
 def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
@@ -204,7 +248,7 @@ def traces(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], 
     A trace's later prompts all start with the same q ⧺ head at the same positions, so its KV
     cache is computed once, after chunk 1, and each round prefills only the m − h tail tokens.
     """
-    eos, c = tokenizer.eos_token_id, sampling.max_new_tokens
+    stops, c = stop_ids(tokenizer), sampling.max_new_tokens
     h, tail = chunking.head, chunking.carryover - chunking.head
     queries = [ids for ids in prompt_ids for _ in range(group_size)]
     chunks = [[] for _ in queries]
@@ -227,16 +271,16 @@ def traces(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], 
             cache = cache_rows(prefix, [row[i] for i in going])
         new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget),
                             width=width + tail if k else 0, cache=cache)
-        for i, prompt, new in zip(going, prompts, new_tokens):
-            chunks[i].append(Chunk(prompt, new))
+        for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
+            chunks[i].append(Chunk(prompt, new, logp))
             written[i] += new
-        going = [i for i in going if written[i][-1:] != [eos]]
+        going = [i for i in going if not ends(written[i], stops)]
     episodes = []
     for i, q in enumerate(queries):
         last = chunks[i][-1]
         episodes.append(Episode(
             prompt_ids=q, response_ids=written[i],
-            truncated=last.response_ids[-1:] != [eos], chunks=chunks[i],
+            truncated=not ends(last.response_ids, stops), chunks=chunks[i],
             text=tokenizer.decode(last.prompt_ids[len(q):] + last.response_ids, skip_special_tokens=True),
             group=first_group + i // group_size, problem=problems[i // group_size]))
     return episodes
@@ -342,7 +386,8 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
       and every 8 steps on CUDA (a row that finished in between runs on, and is cut at its EOS).
     """
     device = next(lm.parameters()).device
-    eos, budget = tokenizer.eos_token_id, sampling.max_new_tokens
+    stops, budget = stop_ids(tokenizer), sampling.max_new_tokens
+    stop = torch.tensor(stops, device=device)
     ids, mask = left_pad(rows, tokenizer.pad_token_id, device, width)
     n, w = ids.shape
     full_mask = torch.cat([mask, mask.new_zeros(n, budget)], 1)
@@ -370,7 +415,7 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
             tokens[live, t] = token
             logps[live, t] = (logits / (sampling.temperature or 1.0)).log_softmax(-1).gather(
                 -1, token[:, None])[:, 0]
-            done |= token == eos
+            done |= torch.isin(token, stop)
             if t == budget - 1:
                 break
             if t % check == check - 1:
@@ -388,8 +433,8 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
             position = position + 1
     out = []
     for resp, lp in zip(tokens.tolist(), logps.tolist()):
-        end = resp.index(eos) + 1 if eos in resp else budget
-        out.append((resp[:end], lp[:end]))
+        resp = cut_at_stop(resp, stops, budget)
+        out.append((resp, lp[:len(resp)]))
     return out
 
 
@@ -406,5 +451,50 @@ def collate(episodes: list[Episode] | list[Chunk], pad_id: int, device) -> Batch
     input_ids = torch.cat([prompt_ids, resp], dim=1)
     attention_mask = torch.cat([prompt_mask, resp_mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    sampler_logp = None
+    if all(len(getattr(e, "sampler_logp", ())) == len(e.response_ids) > 0 for e in episodes):
+        sampler_logp = torch.zeros((len(episodes), tr))
+        for i, e in enumerate(episodes):
+            sampler_logp[i, :len(e.response_ids)] = torch.tensor(e.sampler_logp)
+        sampler_logp = sampler_logp.to(device)
     return Batch(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                 position_ids=position_ids.to(device), response_mask=resp_mask.to(device))
+                 position_ids=position_ids.to(device), response_mask=resp_mask.to(device),
+                 sampler_logp=sampler_logp)
+
+
+# ----------------------------------------------------------------------------- sampler vs trainer
+
+def sampler_correction(trainer_logp, sampler_logp, mask, *, tis_cap: float = 0.0, mis_cap: float = 0.0):
+    """Per-token importance weights for the gap between the policy that sampled (the engine's
+    logits, possibly another kernel or dtype) and the same weights in the trainer, π_old.
+
+    ratio w = exp(trainer_logp − sampler_logp), detached; tokens outside `mask` get weight 1.
+      tis_cap c > 0  truncated IS: w ← min(w, c)  (the Delethink recipe uses c = 2)
+      mis_cap c > 0  masked IS: a token with w > c or w < 1/c gets weight 0 (it stays in the
+                     loss's denominator, like any token the loss multiplies by 0)
+      neither        weight 1 everywhere: the ratio is only measured
+    The policy-gradient term of the loss is multiplied by the weight (KL terms are not).
+
+    trainer [[-1.0, -2.0]], sampler [[-1.5, -2.0]], mask [[1, 1]], tis_cap 1.5 ->
+    w = [[e^0.5 = 1.6487, 1.0]] -> [[1.5, 1.0]]; with mis_cap 1.5 instead -> [[0.0, 1.0]].
+    """
+    w = torch.exp(trainer_logp - sampler_logp).detach()
+    if tis_cap:
+        w = w.clamp(max=tis_cap)
+    if mis_cap:
+        w = torch.where((w > mis_cap) | (w < 1 / mis_cap), torch.zeros_like(w), torch.ones_like(w))
+    elif not tis_cap:
+        w = torch.ones_like(w)
+    return torch.where(mask > 0, w, torch.ones_like(w))
+
+
+def mismatch_stats(diffs: list) -> dict:
+    """Sampler-vs-trainer metrics from d = trainer_logp − sampler_logp of the valid tokens:
+    mismatch/kl is k3 = e^d − d − 1, an estimate of KL(sampler ‖ trainer) per token (≥ 0, 0 iff
+    equal); max_abs the largest |d|; the ratio e^d at the 1st / 50th / 99th percentile.
+    d [0, ln 2] -> kl (2 − ln 2 − 1)/2 = 0.1534, max_abs 0.6931."""
+    d = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in diffs] or [np.zeros(1)])
+    ratio = np.exp(d)
+    q = np.quantile(ratio, [0.01, 0.5, 0.99])
+    return {"mismatch/kl": float((ratio - d - 1).mean()), "mismatch/max_abs": float(np.abs(d).max()),
+            "mismatch/ratio_p01": q[0], "mismatch/ratio_p50": q[1], "mismatch/ratio_p99": q[2]}

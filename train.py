@@ -45,17 +45,18 @@ from transformers.utils import logging as hf_logging
 
 import algos
 import checkpoint
+from algos.high_entropy import high_entropy
 from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
 from config import Config, budget, chunking, eval_settings, load_problems, parse_config, validate
 from eval import evaluate
-from model import (ResponseLogProbs, check_context, check_model_folder, count_parameters, load_model,
-                   load_trainer_state, save_checkpoint)
+from model import (ModelError, ResponseLogProbs, check_context, check_logprobs, check_model_folder,
+                   count_parameters, load_model, load_trainer_state, save_checkpoint)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_state_dict,
                       full_weights, gather_objects, grad_sync, load_train_state, parallel_mode, save_train_state,
                       setup_distributed, teardown, weights_dtype, wrap)
 from plan import print_plan
 from rewards import Problem, grade_batch, overlong_penalty
-from rollout import Episode, Sampling, collate, encode_prompts, generate
+from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, sampler_correction
 
 
 # ============================================================================ rollout
@@ -91,10 +92,10 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
                             first_group=first_group, batch_size=cfg.rollout_batch_size)
-        for e, verdict in zip(episodes, grade_batch(task, [(e.problem, e.text) for e in episodes])):
+        verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
+        for e, verdict in zip(episodes, verdicts):
             e.reward, e.grader_failed = verdict.reward, bool(verdict.failure)
-            e.score = e.reward + (overlong_penalty(len(e.response_ids), budget(cfg),
-                                                   cfg.overlong_cache) if cfg.overlong_penalty else 0.0)
+            e.score = shaped_score(e, cfg)
         episodes = [e for part in gather_objects(episodes, world) for e in part]
         data_pos += cfg.prompts_per_step
         generated += episodes
@@ -115,6 +116,16 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         stats.update({"dynamic/extra_rounds": rounds, "dynamic/dropped_groups": dropped,
                       "dynamic/kept_groups": len(kept)})
     return [e for g in kept for e in g], generated, data_pos, stats
+
+
+def shaped_score(e: Episode, cfg: Config) -> float:
+    """What the advantages see: the reward, 0 for a response without EOS under zero_truncated
+    (Dr. GRPO), plus DAPO's soft overlong penalty, whose ramp is overlong_cache tokens long (0: a
+    fifth of the budget, DAPO's 4096 of 20480). Budget 80, length 72, reward 1 -> 1 − 8/16 = 0.5."""
+    score = 0.0 if cfg.zero_truncated and e.truncated else e.reward
+    if cfg.overlong_penalty:
+        score += overlong_penalty(len(e.response_ids), budget(cfg), cfg.overlong_cache or budget(cfg) // 5)
+    return score
 
 
 def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
@@ -232,11 +243,69 @@ def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
     return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0), "max_len": budget(cfg)}
 
 
+def chunk_start(e: Episode, c) -> int:
+    """Where row c's tokens start in its trace e's response: 0 for a one-row episode; for a later
+    chunk of a Markovian trace, the tokens of the chunks before it (chunks of 3, 2, 4 -> 0, 3, 5)."""
+    start = 0
+    for x in e.chunks:
+        if x is c:
+            return start
+        start += len(x.response_ids)
+    return 0
+
+
+def token_flags(algo, cfg: Config, mb_rows: list[Episode], micro: list, current: list, olds: list,
+                seed: int, world: int) -> list[dict]:
+    """Per-token flags that need the whole mini-batch on all ranks (SPEC §7): mb["selected"] of
+    Clip-Cov / KL-Cov (algo.select_tokens) and the --top-entropy-quantile mask ("high_entropy"),
+    as bool [n, T] per micro-batch of this rank (a dummy micro-batch gets all False).
+
+    current / olds: this rank's scorer outputs per micro-batch, at the current weights and at π_old.
+    The mini-batch's response tokens are laid end to end, response after response (a trace's
+    chunks in order); each rank fills in its own rows and gathers the others', so every rank
+    computes the flags from the same flat tensors, in an order that depends neither on the number
+    of ranks nor on the micro-batch split: with responses of 3 and 2 tokens, the second one's
+    tokens are positions 3 and 4 wherever its row was scored.
+    """
+    starts = dict(zip(map(id, mb_rows), np.cumsum([0] + [len(e.response_ids) for e in mb_rows]).tolist()))
+    at = [[starts[id(e)] + chunk_start(e, c) for e, c in rows] for rows in micro]
+    mine = []  # (first position, [3, L]: logp, old_logp, entropy) of each row this rank scored
+    for rows, out, old, pos in zip(micro, current, olds, at):
+        for r, ((_, c), a) in enumerate(zip(rows, pos)):
+            n = len(c.response_ids)
+            mine.append((a, torch.stack([out["logp"][r, :n], old["logp"][r, :n], out["entropy"][r, :n]]).cpu()))
+    flat = torch.zeros(3, sum(len(e.response_ids) for e in mb_rows))
+    for part in gather_objects(mine, world):
+        for a, values in part:
+            flat[:, a:a + values.shape[1]] = values
+
+    def per_response(value):  # a response's value on each of its tokens
+        return torch.cat([torch.full((len(e.response_ids),), float(value(e))) for e in mb_rows])
+
+    tokens = {**dict(zip(("logp", "old_logp", "entropy"), flat)),
+              "adv": per_response(lambda e: e.advantage), "mask": per_response(lambda e: trained(e, cfg))}
+    picked = {}
+    if algo.select_tokens is not None:  # one generator, seeded alike on every rank
+        picked["selected"] = algo.select_tokens(tokens, cfg, torch.Generator().manual_seed(seed))
+    if cfg.top_entropy_quantile < 1:
+        picked["high_entropy"] = high_entropy(tokens["entropy"], tokens["mask"], cfg.top_entropy_quantile)
+    flags = [{name: torch.zeros_like(out["logp"], dtype=torch.bool) for name in picked} for out in current]
+    for rows, pos, f in zip(micro, at, flags):  # back to this rank's rows
+        for r, ((_, c), a) in enumerate(zip(rows, pos)):
+            n = len(c.response_ids)
+            for name, p in picked.items():
+                f[name][r, :n] = p[a:a + n]
+    return flags
+
+
 def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Config, autocast,
            pad_id: int, rank: int, world: int, device) -> dict:
     """K mini-batches × μ epochs of optimizer steps on the global batch. Returns mean metrics."""
-    scores = torch.tensor([e.score for e in episodes], dtype=torch.float64)
-    adv = algo.advantages(scores.view(-1, cfg.group_size), cfg).flatten().float()
+    scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
+    # REINFORCE++ whitens over the batch's tokens, so it also reads each response's trained tokens
+    tokens = ([torch.tensor([trained_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)]
+              if algo.response_tokens else [])
+    adv = algo.advantages(scores, cfg, *tokens).flatten().float()
     for e, a in zip(episodes, adv.tolist()):
         e.advantage = a
     episodes = [e for e in episodes if selected(e, cfg)]  # the same list on every rank
@@ -253,6 +322,15 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
     def first_row(mb_rows):  # what a rank with an empty micro-batch runs, with weight 0
         return [(mb_rows[0], mb_rows[0].rows()[0])]
 
+    def score(rows):  # the current policy, no gradient
+        with torch.no_grad(), autocast():
+            return scorer(*tensors(rows)[1], cfg.temperature)
+
+    # Clip-Cov, KL-Cov and the entropy quantile need the whole mini-batch's tokens at the current
+    # weights before its first micro-batch: a no-grad pass, which on the first mini-batch of the
+    # first epoch is the π_old pass itself.
+    batch_wide = algo.select_tokens is not None or cfg.top_entropy_quantile < 1
+
     # π_old and π_ref quantities are fixed before the first optimizer step. The first
     # mini-batch's π_old is its own first forward, detached (same weights), so the on-policy
     # case K = μ = 1 costs no extra pass.
@@ -261,15 +339,22 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
         for k, (mb_rows, micro) in enumerate(plan):
             for j, rows in enumerate(micro):
                 _, args = tensors(rows or first_row(mb_rows))  # an empty micro-batch runs a dummy
-                if k > 0:
+                if k > 0 or batch_wide:
                     fixed[("old", k, j)] = scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean)
                 if ref_scorer is not None:
                     fixed[("ref", k, j)] = ref_scorer(*args, cfg.temperature)["logp"]
 
-    sums, n_opt = {}, 0
-    for _ in range(cfg.epochs):
+    sums, n_opt, mismatch = {}, 0, []
+    for epoch in range(cfg.epochs):
         for k, (mb_rows, micro) in enumerate(plan):
             totals = mini_batch_totals(mb_rows, cfg)
+            flags = [{} for _ in micro]
+            if batch_wide:
+                olds = [fixed[("old", k, j)] for j in range(len(micro))]
+                current = olds if epoch == k == 0 else [score(rows or first_row(mb_rows)) for rows in micro]
+                # the draw's seed is the same on every rank: group ids are unique over the run
+                flags = token_flags(algo, cfg, mb_rows, micro, current, olds, world=world,
+                                    seed=cfg.seed * 1_000_003 + mb_rows[0].group * 1_009 + epoch)
             for j, rows in enumerate(micro):
                 # A rank with nothing left in this mini-batch still runs a forward/backward
                 # (on a row with weight 0) so that DDP's gradient all-reduce happens everywhere.
@@ -284,14 +369,27 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
                     keep = torch.tensor([trained(e, cfg) for e in traces], device=device)
                     mask = batch.response_mask * keep[:, None]
                     # seq_tokens: a row's whole response, which for a chunk is its trace (SPEC §5)
-                    mb = {"logp": out["logp"], "old_logp": old["logp"], "mask": mask,
+                    logp = out["logp"]
+                    if "high_entropy" in flags[j]:  # the 80/20 rule: the other tokens pass no gradient
+                        logp = torch.where(flags[j]["high_entropy"], logp, logp.detach())
+                    mb = {"logp": logp, "old_logp": old["logp"], "mask": mask,
                           "ref_logp": fixed.get(("ref", k, j)), "entropy": out["entropy"],
                           "adv": torch.tensor([e.advantage for e in traces], device=device),
                           "group": torch.tensor([e.group for e in traces], device=device),
                           "seq_tokens": torch.tensor([trained_tokens(e, cfg) for e in traces], device=device)}
                     if algo.vocab_mean:
                         mb.update(vocab_mean=out["vocab_mean"], old_vocab_mean=old["vocab_mean"])
+                    if "selected" in flags[j]:
+                        mb["selected"] = flags[j]["selected"]
+                    if batch.sampler_logp is not None:  # π_old is the rollout's weights in the trainer
+                        mb["is_weight"] = sampler_correction(old["logp"], batch.sampler_logp, mask,
+                                                             tis_cap=cfg.tis_cap, mis_cap=cfg.mis_cap)
+                        if epoch == 0 and not dummy:
+                            mismatch.append((old["logp"] - batch.sampler_logp)[mask > 0].cpu().numpy())
                     loss, metrics = algo.loss(mb, cfg, totals)
+                    if "high_entropy" in flags[j]:  # the share of valid tokens that pass a gradient
+                        high = (mask * flags[j]["high_entropy"]).sum()
+                        metrics["entropy/high_frac"] = high / max(totals["tokens"], 1)
                     entropy = (mask * out["entropy"]).sum() / max(totals["tokens"], 1)
                     if cfg.entropy_coef > 0:
                         loss = loss - cfg.entropy_coef * entropy
@@ -310,6 +408,8 @@ def update(scorer, lm, ref_scorer, optimizer, scheduler, algo, episodes, cfg: Co
             optimizer.zero_grad(set_to_none=True)
             n_opt += 1
     out = {k: v / n_opt for k, v in all_reduce_sum(sums, device).items()}
+    if all(c.sampler_logp for e in episodes for c in e.rows()):  # the same answer on every rank
+        out.update(mismatch_stats([d for part in gather_objects(mismatch, world) for d in part]))
     out.update({"update/skipped": 0.0, "update/rows": len(episodes), "update/optimizer_steps": n_opt,
                 "tokens/trained": cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids)
                                                    for e in episodes for c in e.rows())})
@@ -399,7 +499,7 @@ def main(argv=None) -> None:
         error = ""
         try:
             train(cfg, task, train_problems, heldout, tokenizer, hf_config, out, start)
-        except CheckpointError as e:
+        except (CheckpointError, ModelError) as e:
             error = f"error: {e}"
         if error and first:
             print(error, file=sys.stderr, flush=True)
@@ -419,6 +519,9 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     autocast, dtype, mode = autocast_context(cfg, device), compute_dtype(cfg, device), parallel_mode(cfg, device)
     lm = load_model(str(start or cfg.model), device=device, trust_remote_code=cfg.trust_remote_code,
                     gradient_checkpointing=cfg.gradient_checkpointing)  # fp32: the master weights
+    # before any step: our log-probs must be the model's own (an unknown logit transform stops here)
+    check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template)[0] + [tokenizer.eos_token_id],
+                   cfg.temperature)
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
     ref_scorer = None
     if cfg.beta > 0:  # frozen: no fp32 master copy, the weights as the policy's forward sees them

@@ -8,6 +8,16 @@ An algorithm is small and pure. It gives
 and declares what train.update must compute for it:
   vocab_mean  the loss reads mb["vocab_mean"] and mb["old_vocab_mean"] (ROVER)
   whole_groups  every group sits whole inside one micro-batch (PACS compares a group's rows)
+  response_tokens  advantages also gets tokens [n_groups, G]: the tokens of each response that the
+              loss trains on (REINFORCE++ whitens over the batch's tokens, not its responses);
+              the others keep the two-argument call
+  select_tokens  (tokens, cfg, generator) -> bool [N]: a choice of tokens that needs the whole
+              mini-batch (Clip-Cov, KL-Cov). tokens: flat [N] tensors of the mini-batch on all
+              ranks, in one order (response after response): logp at the current weights, old_logp,
+              entropy, adv, mask; the generator is seeded alike on every rank. The loss reads the
+              result as mb["selected"] [n, T] (train.token_flags).
+`--top-entropy-quantile` (the 80/20 rule, algos/high_entropy.py) works with every algorithm:
+train.update detaches logp of the tokens below the mini-batch's entropy quantile.
 Which responses the update trains on is the `train_on` knob, so a preset sets it (PSR, NSR).
 A new method is one new file here plus its lines below.
 """
@@ -16,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from algos import delethink, grpo, nsr, pacs, rover
+from algos import cispo, cov, delethink, grpo, gspo, nsr, pacs, reinforce_pp, rover, sapo
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,8 @@ class Algorithm:
     loss: Callable
     vocab_mean: bool = False
     whole_groups: bool = False
+    response_tokens: bool = False
+    select_tokens: Callable | None = None
 
 
 ALGORITHMS = {
@@ -38,6 +50,16 @@ ALGORITHMS = {
     # Markovian thinking is the rollout (rollout.Chunking); its loss is GRPO's with trace-level
     # aggregation, which train.update provides for every algorithm (see algos/delethink.py)
     "delethink": Algorithm("delethink", delethink.PRESET, grpo.batch_advantages, grpo.loss),
+    # SPEC §7, the 2025-26 losses
+    "gspo": Algorithm("gspo", gspo.PRESET, grpo.batch_advantages, gspo.loss),
+    "cispo": Algorithm("cispo", cispo.PRESET, grpo.batch_advantages, cispo.loss),
+    "sapo": Algorithm("sapo", sapo.PRESET, grpo.batch_advantages, sapo.loss),
+    "reinforce_pp": Algorithm("reinforce_pp", reinforce_pp.PRESET, reinforce_pp.advantages, grpo.loss,
+                              response_tokens=True),
+    "clip_cov": Algorithm("clip_cov", cov.PRESETS["clip_cov"], grpo.batch_advantages, cov.clip_cov_loss,
+                          select_tokens=cov.select_clip_cov),
+    "kl_cov": Algorithm("kl_cov", cov.PRESETS["kl_cov"], grpo.batch_advantages, cov.kl_cov_loss,
+                        select_tokens=cov.select_kl_cov),
 }
 
 

@@ -11,6 +11,17 @@ or Traps? Part I", arXiv 2508.08221), RLOO ("Back to Basics", arXiv 2402.14740).
 
 DAPO's dynamic sampling, overlong penalty and truncation masking act on the batch, not the loss:
 they are `train.py` / `rewards.py` knobs that these presets switch on.
+
+The presets carry each recipe's optimizer knobs too: DAPO K = 16, 10 warm-up steps, weight decay
+0.1 (verl recipe/dapo run_dapo_qwen2.5_32b.sh; the overlong buffer is a fifth of the budget by
+default, 4096 of 20480 there); Dr. GRPO K = 8 and reward 0 for a response without EOS
+(`zero_truncated`; sail-sg/understand-r1-zero train_zero_math.py).
+Where we differ from the official code, and why:
+- DAPO refills with rounds of B prompts (`max_sampling_rounds` extra rounds, default 3); the
+  official run generates 1536 prompts a round (3 × its 512) for up to 10 rounds. Smaller rounds
+  waste fewer samples when most groups are informative; the kept batch is the same B groups.
+- Dr. GRPO's loss normaliser is the response budget (`max_new_tokens`, the official
+  generate_max_length); the official code also trains on responses without EOS, as we do.
 """
 from __future__ import annotations
 
@@ -18,10 +29,15 @@ import torch
 
 PRESETS = {
     "grpo": dict(adv_norm="group", clip_low=0.2, clip_high=0.2, loss_agg="seq-mean-token-mean"),
+    # DAPO's recipe (verl recipe/dapo run_dapo_qwen2.5_32b.sh): 512 prompts in mini-batches of 32
+    # (K = 16), 10 warm-up steps, AdamW weight decay 0.1
     "dapo": dict(adv_norm="group", clip_low=0.2, clip_high=0.28, loss_agg="token-mean",
-                 dynamic_sampling=True, overlong_penalty=True),
+                 dynamic_sampling=True, overlong_penalty=True, mini_batches=16, warmup_steps=10,
+                 weight_decay=0.1),
+    # understand-r1-zero (train_zero_math.py): 128 prompts × 8 in batches of 128 responses (K = 8),
+    # and a response without EOS gets reward 0
     "dr_grpo": dict(adv_norm="none", clip_low=0.2, clip_high=0.2,
-                    loss_agg="seq-mean-token-sum-norm"),
+                    loss_agg="seq-mean-token-sum-norm", mini_batches=8, zero_truncated=True),
     "lite_ppo": dict(adv_norm="batch", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
     "rloo": dict(adv_norm="rloo", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
 }
@@ -104,7 +120,7 @@ def loss(mb: dict, cfg, totals: dict):
     """Loss of one micro-batch, already divided by the mini-batch's global counts.
 
     mb: logp, old_logp, mask [n, T]; adv [n]; ref_logp [n, T] when cfg.beta > 0; optional
-    seq_tokens [n] (see token_weights).
+    seq_tokens [n] (see token_weights) and is_weight [n, T] (multiplies the clipped term, not the KL).
     totals: "seqs", "tokens" of the whole mini-batch over all ranks; "max_len" the response budget.
     Returns (loss, metrics); each metric is likewise a share of its mini-batch value, so the
     trainer sums metrics over micro-batches and ranks.
@@ -115,6 +131,8 @@ def loss(mb: dict, cfg, totals: dict):
     per_token, was_clipped = clipped_surrogate(mb["logp"], mb["old_logp"], mb["adv"],
                                                clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                                dual_clip=cfg.dual_clip)
+    if mb.get("is_weight") is not None:  # sampler/trainer importance weight (rollout.sampler_correction)
+        per_token = per_token * mb["is_weight"]
     metrics = {"pg/loss": (w * per_token).sum().detach(),
                "pg/clipfrac": (mask * was_clipped).sum() / max(totals["tokens"], 1)}
     if cfg.beta > 0:

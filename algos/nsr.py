@@ -21,6 +21,12 @@ Where we differ from the official code, and why:
   official yaml default of 1 would be plain ±1 REINFORCE.
 - Entropy bonus: the paper says 1e-4, the official scripts 1e-3; `entropy_coef` defaults to 0 and
   train.update adds −entropy_coef · (token-mean entropy) to the loss when it is set.
+- Mini-batches: the official ppo_mini_batch_size (256 prompts, 2048 responses) applies to the
+  responses kept, so the last mini-batch of a step is smaller; ours cuts the kept responses into
+  ceil(kept · K / (B · G)) mini-batches of equal size (whole groups), so K follows the kept rows
+  the same way but every optimizer step sees about as many responses.
+- Weight decay 0.01 (the preset) is the official code's default; the official prompt is the
+  Qwen chat format written by hand (`--prompt-template nsr --chat-template false`).
 - "Correct" means score > 0: with the built-in 0/1 rewards that is s = 1. (If the DAPO overlong
   penalty is switched on, a correct response it pushes to score 0 counts as incorrect.)
 """
@@ -28,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-_PPO_TOKEN_MEAN = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", beta=0.0)
+# weight decay 0.01: the official code's default (verl/workers/fsdp_workers.py), which its script keeps
+_PPO_TOKEN_MEAN = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", beta=0.0, weight_decay=0.01)
 PRESETS = {
     "psr": dict(train_on="correct", positive_advantage_weight=1.0, **_PPO_TOKEN_MEAN),
     "nsr": dict(train_on="incorrect", **_PPO_TOKEN_MEAN),

@@ -24,6 +24,9 @@ Where we differ from the official code, and why:
   share of sequences; we divide by the valid tokens of the whole mini-batch on all ranks, so the
   gradient does not depend on the micro-batch split. The two agree when a mini-batch is one
   micro-batch.
+- With Markovian thinking (`--max-chunks`), each chunk is its own row, so the next-state value
+  after a chunk's last token is 0 (the row ends there) although the trace goes on in the next
+  chunk: bootstrapping stops at chunk boundaries. The official code has no chunked rollout.
 - `rover_adv=mean` gives the paper's (and the official countdown recipe's) A_i = R_i − mean_g R;
   the default `group` is the official math recipe behind the headline table.
 """
@@ -34,7 +37,7 @@ import torch.nn.functional as F
 
 from algos import grpo
 
-PRESET = dict(mini_batches=4, rover_temp=1.0, rover_adv="group")
+PRESET = dict(mini_batches=4, rover_temp=1.0, rover_adv="group", weight_decay=0.01)  # official actor.yaml
 ROVER_ADVS = ("group", "mean")
 
 

@@ -3,13 +3,14 @@
     python bench/algo_table.py                      # grpo rover pacs psr nsr w_reinforce, ~30 min
     python bench/algo_table.py --algos rover pacs   # a subset
     python bench/algo_table.py --lr 3e-4            # every algorithm at one learning rate
+    python bench/algo_table.py --new                # the SPEC §7 losses (gspo ... kl_cov), ~35 min
 
 Each algorithm runs its configs/tiny_<algo>.yaml — the default run's seed, task, batch (16 prompts
 × 8), sampling and 400 steps — on 2 ranks. Only the eval differs from that run: 16 samples per
 held-out problem at steps 0 and 400, so that pass@1, pass@4 and pass@16 are unbiased estimates
 (SPEC §6) from the same 200 problems × 16 samples. Eval never touches the training trajectory:
 every step reseeds from (seed, step, rank).
-Prints a Markdown table; each run's logs stay in runs/algo-table/<algo>/.
+Prints a Markdown table; each run's logs stay in runs/algo-table/<algo>/ (or --out DIR/<algo>/).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KS = (1, 4, 16)
+NEW = ["gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"]  # SPEC §7
 
 
 def run(algo: str, out: Path, lr: list[str]) -> tuple[dict, dict, float]:
@@ -39,9 +41,14 @@ def run(algo: str, out: Path, lr: list[str]) -> tuple[dict, dict, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--algos", nargs="+", default=["grpo", "rover", "pacs", "psr", "nsr", "w_reinforce"])
+    parser.add_argument("--new", action="store_true", help="the SPEC §7 losses instead: " + " ".join(NEW))
     parser.add_argument("--lr", help="override every config's learning rate")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "algo-table"),
+                        help="folder of the runs (one per algorithm; each must not hold a run yet)")
     args = parser.parse_args()
-    base = ROOT / "runs" / "algo-table"
+    if args.new:
+        args.algos = NEW
+    base = Path(args.out)
     base.mkdir(parents=True, exist_ok=True)
     header = " | ".join(f"pass@{k} before → after" for k in KS)
     lines = [f"| algo | {header} | wall |", "|---" * (len(KS) + 2) + "|"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import algos
-from model import ResponseLogProbs, _chunk_stats, load_model
+from model import LogitTransform, ResponseLogProbs, _chunk_stats, load_model
 from rewards import Problem
 from rollout import Episode, collate
 from test_grpo import LOGP, OLD as OLD_LOGP
@@ -79,7 +79,7 @@ def test_first_mini_batch_is_token_mean_reinforce():
 
 def test_vocab_mean_helper_value():
     z = torch.tensor([[2.0, 0.5, -1.0]])
-    _, _, m = _chunk_stats(z, torch.eye(3), None, torch.tensor([0]), 0.6, None, True, False)
+    _, _, m = _chunk_stats(z, torch.eye(3), None, torch.tensor([0]), 0.6, LogitTransform(), True, False)
     assert float(m) == pytest.approx(-2.58509724636431, abs=1e-6)
 
 
