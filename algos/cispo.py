@@ -30,7 +30,8 @@ import torch
 
 from algos import policy_loss
 
-PRESET = dict(adv_norm="group", clip_low=10.0, clip_high=0.2, loss_agg="token-mean", mini_batches=4)
+PRESET = dict(adv_norm="group", clip_low=10.0, clip_high=0.2, loss_agg="token-mean", mini_batches=4,
+              weight_decay=0.01)  # verl's actor optimizer default
 
 
 def loss(mb: dict, cfg, totals: dict):

@@ -49,10 +49,10 @@ import torch
 
 from algos import grpo, policy_loss
 
+_VERL = dict(adv_norm="group", loss_agg="token-mean", mini_batches=4, weight_decay=0.01)  # actor optimizer default
 PRESETS = {
-    "clip_cov": dict(adv_norm="group", clip_low=0.2, clip_high=0.2, loss_agg="token-mean", mini_batches=4,
-                     clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0),
-    "kl_cov": dict(adv_norm="group", loss_agg="token-mean", mini_batches=4, kl_cov_ratio=2e-4, kl_cov_coef=0.1),
+    "clip_cov": dict(clip_low=0.2, clip_high=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, **_VERL),
+    "kl_cov": dict(kl_cov_ratio=2e-4, kl_cov_coef=0.1, **_VERL),
 }
 
 

@@ -33,7 +33,8 @@ import torch
 
 from algos import policy_loss
 
-PRESET = dict(adv_norm="group", clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean", mini_batches=4)
+PRESET = dict(adv_norm="group", clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean", mini_batches=4,
+              weight_decay=0.01)  # verl's actor optimizer default
 
 
 def sequence_log_ratio(logp, old_logp, mask) -> torch.Tensor:

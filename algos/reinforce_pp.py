@@ -34,7 +34,8 @@ import torch
 
 from algos import grpo
 
-PRESET = dict(clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean", beta=0.001, mini_batches=1)
+PRESET = dict(clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean", beta=0.001, mini_batches=1,
+              weight_decay=0.01)  # verl's actor optimizer default
 
 
 def advantages(scores: torch.Tensor, cfg, tokens: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 from algos import policy_loss
 
 PRESET = dict(adv_norm="group", loss_agg="seq-mean-token-mean", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
-              mini_batches=4)
+              mini_batches=4, weight_decay=0.01)  # verl's actor optimizer default
 
 
 def gate(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:

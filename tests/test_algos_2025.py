@@ -20,7 +20,8 @@ import algos
 import train
 from algos import cov, high_entropy, policy_loss, reinforce_pp, sapo
 from config import Config, validate
-from rewards import DataError
+from rewards import DataError, Problem
+from rollout import Chunk, Episode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -270,6 +271,14 @@ def test_config_refuses_what_the_losses_cannot_do():
         validate(cfg_for("grpo", top_entropy_quantile=0.0), 1)
     for name in ("gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"):
         validate(cfg_for(name), 2)
+
+
+def test_chunk_start_places_each_chunk_row_in_its_trace():
+    chunks = [Chunk([5], [1, 2, 3]), Chunk([5, 3], [4, 5]), Chunk([5, 5], [6, 7, 8, 9])]
+    e = Episode(prompt_ids=[5], response_ids=list(range(1, 10)), text="", truncated=False, group=0,
+                problem=Problem("p", "0"), chunks=chunks)
+    assert [train.chunk_start(e, c) for c in chunks] == [0, 3, 5]
+    assert train.chunk_start(replace(e, chunks=[]), Chunk([5], [1])) == 0  # a one-row episode
 
 
 # ---------------------------------------------------------------- 2 ranks, every new name
