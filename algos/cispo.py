@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import policy_loss
+from algos import grpo
 
 PRESET = dict(adv_norm="group", clip_low=10.0, clip_high=0.2, loss_agg="token-mean", mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
@@ -41,6 +41,6 @@ def loss(mb: dict, cfg, totals: dict):
     """
     ratio = torch.exp((mb["logp"] - mb["old_logp"]).clamp(-20.0, 20.0))
     w = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
-    metrics = {"pg/clipfrac": policy_loss.token_share(w != ratio, mb, totals)}
-    return policy_loss.aggregate(-w * mb["adv"][:, None] * mb["logp"], mb, cfg, totals,
+    metrics = {"pg/clipfrac": grpo.token_share(w != ratio, mb, totals)}
+    return grpo.aggregate(-w * mb["adv"][:, None] * mb["logp"], mb, cfg, totals,
                                  loss_agg=cfg.loss_agg, metrics=metrics)

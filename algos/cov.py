@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo, policy_loss
+from algos import grpo
 
 _VERL = dict(adv_norm="group", loss_agg="token-mean", mini_batches=4, weight_decay=0.01)  # actor optimizer default
 PRESETS = {
@@ -100,16 +100,16 @@ def clip_cov_loss(mb: dict, cfg, totals: dict):
     per_token, clipped = grpo.clipped_surrogate(mb["logp"], mb["old_logp"], mb["adv"],
                                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high)
     kept = ~mb["selected"]
-    metrics = {"pg/clipfrac": policy_loss.token_share(clipped, mb, totals),
-               "cov/selected_frac": policy_loss.token_share(mb["selected"], mb, totals)}
-    return policy_loss.aggregate(per_token * kept, mb, cfg, totals, loss_agg=cfg.loss_agg, metrics=metrics)
+    metrics = {"pg/clipfrac": grpo.token_share(clipped, mb, totals),
+               "cov/selected_frac": grpo.token_share(mb["selected"], mb, totals)}
+    return grpo.aggregate(per_token * kept, mb, cfg, totals, loss_agg=cfg.loss_agg, metrics=metrics)
 
 
 def kl_cov_loss(mb: dict, cfg, totals: dict):
     """Unclipped −A·r, plus β_cov·|logp − logp_old| on the selected tokens. mb as clip_cov_loss."""
     log_ratio = mb["logp"] - mb["old_logp"]
     penalty = cfg.kl_cov_coef * log_ratio.abs() * mb["selected"]
-    metrics = {"cov/selected_frac": policy_loss.token_share(mb["selected"], mb, totals),
-               "cov/abs_log_ratio": policy_loss.token_share(log_ratio.abs(), mb, totals)}
-    return policy_loss.aggregate(-mb["adv"][:, None] * torch.exp(log_ratio) + penalty, mb, cfg, totals,
+    metrics = {"cov/selected_frac": grpo.token_share(mb["selected"], mb, totals),
+               "cov/abs_log_ratio": grpo.token_share(log_ratio.abs(), mb, totals)}
+    return grpo.aggregate(-mb["adv"][:, None] * torch.exp(log_ratio) + penalty, mb, cfg, totals,
                                  loss_agg=cfg.loss_agg, metrics=metrics)

@@ -116,30 +116,51 @@ def k3_kl(logp, ref_logp):
     return torch.exp(d) - d - 1
 
 
+def aggregate(per_token: torch.Tensor, mb: dict, cfg, totals: dict, *, loss_agg: str,
+              metrics: dict) -> tuple[torch.Tensor, dict]:
+    """The tail every per-token policy loss shares (this file's and SPEC §7's): a surrogate ℓ [n, T]
+    -> Σ w·ℓ over the micro-batch, a share of the mini-batch's loss, in this order:
+        ℓ ← ℓ · is_weight   when train.update supplies mb["is_weight"] (sampler/trainer importance
+                            weights, rollout.sampler_correction): the policy term only, as verl
+                            applies rollout_is_weights to pg_losses before it adds anything else
+        ℓ ← ℓ + β · k3      the KL to a frozen reference, only when cfg.beta > 0
+        loss = Σ w · ℓ      w from token_weights: the counts of the whole mini-batch on all ranks
+    Returns the loss and `metrics` with "pg/loss" (and "kl/k3") added.
+
+    ℓ [[1, 2, 0]], mask [[1, 1, 0]], "token-mean" over 4 tokens of the mini-batch -> (1 + 2) / 4.
+    """
+    w = token_weights(mb["mask"], loss_agg=loss_agg, n_seqs=totals["seqs"], n_tokens=totals["tokens"],
+                      max_len=totals["max_len"], seq_tokens=mb.get("seq_tokens"))
+    if mb.get("is_weight") is not None:
+        per_token = per_token * mb["is_weight"]
+    metrics = {"pg/loss": (w * per_token).sum().detach(), **metrics}
+    if cfg.beta > 0:  # not weighted: the reference KL is a regulariser, not a sampled estimate
+        kl = k3_kl(mb["logp"], mb["ref_logp"])
+        metrics["kl/k3"] = (mb["mask"] * kl).sum().detach() / max(totals["tokens"], 1)
+        per_token = per_token + cfg.beta * kl
+    return (w * per_token).sum(), metrics
+
+
+def token_share(x: torch.Tensor, mb: dict, totals: dict) -> torch.Tensor:
+    """The micro-batch's share of the token-mean of x over the mini-batch's valid tokens (of a flag:
+    the fraction where it holds). x [[1, 0, 1]], mask [[1, 1, 0]], 4 valid tokens in all -> 1/4."""
+    return (mb["mask"] * x).sum().detach() / max(totals["tokens"], 1)
+
+
 def loss(mb: dict, cfg, totals: dict):
     """Loss of one micro-batch, already divided by the mini-batch's global counts.
 
     mb: logp, old_logp, mask [n, T]; adv [n]; ref_logp [n, T] when cfg.beta > 0; optional
-    seq_tokens [n] (see token_weights) and is_weight [n, T] (multiplies the clipped term, not the KL).
+    seq_tokens [n] (see token_weights) and is_weight [n, T] (see aggregate).
     totals: "seqs", "tokens" of the whole mini-batch over all ranks; "max_len" the response budget.
     Returns (loss, metrics); each metric is likewise a share of its mini-batch value, so the
     trainer sums metrics over micro-batches and ranks.
     """
-    mask = mb["mask"]
-    w = token_weights(mask, loss_agg=cfg.loss_agg, n_seqs=totals["seqs"], n_tokens=totals["tokens"],
-                      max_len=totals["max_len"], seq_tokens=mb.get("seq_tokens"))
     per_token, was_clipped = clipped_surrogate(mb["logp"], mb["old_logp"], mb["adv"],
                                                clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                                dual_clip=cfg.dual_clip)
-    if mb.get("is_weight") is not None:  # sampler/trainer importance weight (rollout.sampler_correction)
-        per_token = per_token * mb["is_weight"]
-    metrics = {"pg/loss": (w * per_token).sum().detach(),
-               "pg/clipfrac": (mask * was_clipped).sum() / max(totals["tokens"], 1)}
-    if cfg.beta > 0:
-        kl = k3_kl(mb["logp"], mb["ref_logp"])
-        per_token = per_token + cfg.beta * kl
-        metrics["kl/k3"] = (mask * kl).sum().detach() / max(totals["tokens"], 1)
-    return (w * per_token).sum(), metrics
+    return aggregate(per_token, mb, cfg, totals, loss_agg=cfg.loss_agg,
+                     metrics={"pg/clipfrac": token_share(was_clipped, mb, totals)})
 
 
 def batch_advantages(scores: torch.Tensor, cfg) -> torch.Tensor:

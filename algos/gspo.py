@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import policy_loss
+from algos import grpo
 
 PRESET = dict(adv_norm="group", clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean", mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
@@ -54,6 +54,6 @@ def loss(mb: dict, cfg, totals: dict):
     s = torch.exp((logp - logp.detach() + log_s[:, None]).clamp(max=10.0))
     a = mb["adv"][:, None]
     unclipped, clipped = -a * s, -a * s.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    metrics = {"pg/clipfrac": policy_loss.token_share(clipped > unclipped, mb, totals)}
-    return policy_loss.aggregate(torch.maximum(unclipped, clipped), mb, cfg, totals,
+    metrics = {"pg/clipfrac": grpo.token_share(clipped > unclipped, mb, totals)}
+    return grpo.aggregate(torch.maximum(unclipped, clipped), mb, cfg, totals,
                                  loss_agg="seq-mean-token-mean", metrics=metrics)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import policy_loss
+from algos import grpo
 
 PRESET = dict(adv_norm="group", loss_agg="seq-mean-token-mean", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
               mini_batches=4, weight_decay=0.01)  # verl's actor optimizer default
@@ -47,6 +47,6 @@ def loss(mb: dict, cfg, totals: dict):
     a = mb["adv"][:, None]
     tau = torch.where(a > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg).to(ratio.dtype)
     sig = torch.sigmoid(tau * (ratio - 1)).detach()
-    metrics = {"sapo/grad_scale": policy_loss.token_share(4 * sig * (1 - sig) * ratio.detach(), mb, totals)}
-    return policy_loss.aggregate(-gate(ratio, tau) * a, mb, cfg, totals, loss_agg="seq-mean-token-mean",
+    metrics = {"sapo/grad_scale": grpo.token_share(4 * sig * (1 - sig) * ratio.detach(), mb, totals)}
+    return grpo.aggregate(-gate(ratio, tau) * a, mb, cfg, totals, loss_agg="seq-mean-token-mean",
                                  metrics=metrics)

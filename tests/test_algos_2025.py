@@ -18,7 +18,7 @@ import torch
 
 import algos
 import train
-from algos import cov, high_entropy, policy_loss, reinforce_pp, sapo
+from algos import cov, grpo, high_entropy, reinforce_pp, sapo
 from config import Config, validate
 from rewards import DataError, Problem
 from rollout import Chunk, Episode
@@ -253,7 +253,7 @@ def test_is_weight_scales_the_policy_term_but_not_the_reference_kl():
     logp = torch.tensor([[-1.0, -2.0]])
     mb = {"logp": logp, "old_logp": logp, "mask": torch.ones(1, 2), "adv": torch.tensor([1.0]),
           "ref_logp": logp - 0.1, "is_weight": torch.tensor([[0.5, 2.0]])}
-    loss, metrics = policy_loss.aggregate(-logp, mb, cfg, {"seqs": 1, "tokens": 2, "max_len": 2},
+    loss, metrics = grpo.aggregate(-logp, mb, cfg, {"seqs": 1, "tokens": 2, "max_len": 2},
                                           loss_agg="token-mean", metrics={})
     k3 = math.exp(-0.1) + 0.1 - 1
     assert metrics["pg/loss"].item() == pytest.approx((1.0 * 0.5 + 2.0 * 2.0) / 2)
