@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
+from model import unreadable
 from parallel import all_reduce_sum
 
 COMPLETE = ("config.json", "model.safetensors", "trainer_state.pt", "train_config.yaml", "train_state/.metadata")
@@ -96,12 +96,7 @@ def _loadable(path: Path) -> Path:
         torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: all "unreadable"
         raise damaged(f"trainer_state.pt is truncated or corrupt ({type(e).__name__})") from None
-    try:
-        with safe_open(str(path / "model.safetensors"), "pt"):
-            pass
-    except Exception as e:  # noqa: BLE001 - SafetensorError names no file
-        raise damaged(f"model.safetensors is truncated or corrupt ({e})") from None
-    problem = _shard_problem(path / "train_state")
+    problem = unreadable(path / "model.safetensors") or _shard_problem(path / "train_state")
     if problem:
         raise damaged(problem)
     return path

@@ -60,6 +60,16 @@ VIEW_STEP = 256  # compiled steps: attention reads a multiple of this many colum
 LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
+def graph_rows(live: int) -> int:
+    """Rows a compiled step runs for `live` live rows: the next power of two (few graphs). 5 -> 8."""
+    return 1 << (live - 1).bit_length() if live else 0
+
+
+def graph_columns(columns: int) -> int:
+    """Columns a compiled step's attention reads: the next multiple of VIEW_STEP. 300 -> 512."""
+    return -(-columns // VIEW_STEP) * VIEW_STEP
+
+
 @contextmanager
 def inference(lm):
     """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
@@ -195,7 +205,7 @@ class Engine:
         """Slab and step buffers for at least `rows` rows (+ one scratch row that dead bucket
         rows write to) and `capacity` columns; grown, never shrunk, so addresses stay put."""
         if self.compiled:
-            capacity = -(-capacity // VIEW_STEP) * VIEW_STEP
+            capacity = graph_columns(capacity)
         have_rows, have_cols = (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
         if rows <= have_rows and capacity <= have_cols and self.keys[0].dtype == like.layers[0].keys.dtype:
             return
@@ -225,8 +235,10 @@ class Engine:
     def _fresh(self, lm) -> None:
         """Start the compiled steps afresh if a weight or the slab moved since they were compiled:
         a captured graph reads the addresses it was captured with."""
+        if not self.compiled:
+            return
         pointers = tuple(p.data_ptr() for p in lm.parameters()) + tuple(k.data_ptr() for k in self.keys)
-        if self.compiled and pointers != self._pointers:
+        if pointers != self._pointers:
             torch.compiler.reset()
             self.compilations += 1
         self._pointers = pointers
@@ -310,11 +322,11 @@ class Engine:
 
     def _bucket(self, live: int) -> int:
         """Rows a step runs for `live` live rows: a power of two when compiled (few graphs)."""
-        return 1 << (live - 1).bit_length() if self.compiled and live else live
+        return graph_rows(live) if self.compiled else live
 
     def _view(self, columns: int) -> int:
         """Columns attention reads: a multiple of VIEW_STEP when compiled."""
-        return min(-(-columns // VIEW_STEP) * VIEW_STEP, self.keys[0].shape[2]) if self.compiled else columns
+        return min(graph_columns(columns), self.keys[0].shape[2]) if self.compiled else columns
 
     def _kill(self, live: int, rows: int) -> None:
         """Rows live..rows-1 of a bucket are dead: stopped, writing to the scratch row, reading

@@ -34,13 +34,10 @@ def check_model_folder(path: str, trust_remote_code: bool = False):
     if not weights:
         raise ValueError(f"--model {path}: no .safetensors weights there (.bin weights are not loaded: "
                          f"save the model again with save_pretrained)")
-    for file in weights:  # the header and the file's length: a truncated copy fails here, not mid-load
-        try:
-            with safe_open(str(file), "pt"):
-                pass
-        except Exception as e:  # noqa: BLE001 - SafetensorError names no file
-            raise ValueError(f"--model {path}: {file.name} is truncated or corrupt ({e}); copy or save "
-                             f"the model again") from None
+    for file in weights:  # a truncated copy fails here, not mid-load
+        problem = unreadable(file)
+        if problem:
+            raise ValueError(f"--model {path}: {problem}; copy or save the model again")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         tokenizer = load_tokenizer(path, trust_remote_code)
@@ -48,6 +45,16 @@ def check_model_folder(path: str, trust_remote_code: bool = False):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"--model {path}: cannot load its config or tokenizer ({first})") from None
     return tokenizer, config
+
+
+def unreadable(file: Path) -> str:
+    """What is wrong with a safetensors file's header and length ("" when nothing), without
+    reading its tensors: "model.safetensors is truncated or corrupt (... incomplete metadata ...)"."""
+    try:
+        with safe_open(str(file), "pt"):
+            return ""
+    except Exception as e:  # noqa: BLE001 - SafetensorError names no file
+        return f"{Path(file).name} is truncated or corrupt ({e})"
 
 
 def check_context(tokenizer, config, prompts: list[str], encode, new_tokens: int) -> None:

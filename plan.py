@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import algos
 from config import chunking
-from engine import VIEW_STEP
+from engine import graph_columns, graph_rows
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
@@ -136,6 +136,11 @@ def target_for(cfg, world: int, device_type: str) -> Target:
                   torch.finfo(compute_dtype(cfg, device)).bits // 8)
 
 
+def kv_token_bytes(s: Shape, t: Target) -> int:
+    """KV cache bytes of one token: K and V of every layer."""
+    return s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes
+
+
 def layer_activations(s: Shape, b: int) -> int:
     """Bytes one decoder layer saves for backward per token, at activation width b (HF
     Qwen2/Llama/Qwen3 layer, sdpa, padded rows so GQA keys/values are repeated to every head):
@@ -202,7 +207,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     adds only its sampling temporaries."""
     p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
     m, h = (chunking(cfg).carryover, chunking(cfg).head) if chunks > 1 else (0, 0)
-    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes  # K and V, every layer
+    kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
     weights = gathered_rows(s, t)
@@ -234,8 +239,8 @@ def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> list:
     columns to a multiple of VIEW_STEP; and on CUDA the graph pool, one step's temporaries."""
     rows, columns = seqs, cfg.plan_prompt_tokens + cfg.max_new_tokens
     if t.device == "cuda":
-        rows, columns = 1 << (rows - 1).bit_length(), -(-columns // VIEW_STEP) * VIEW_STEP
-    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes
+        rows, columns = graph_rows(rows), graph_columns(columns)
+    kv_token = kv_token_bytes(s, t)
     out = [(f"engine KV slab, {rows} rows × {columns} columns", rows * columns * kv_token),
            ("engine output buffers: token ids and log-probs", (rows + 1) * columns * (8 + 4))]
     if t.device == "cuda":
@@ -254,7 +259,7 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
         m, h = chunking(cfg).carryover, chunking(cfg).head
         moments += ([(p + h, p + h, p + h), (3 * (p + h), 0, 0), (2 * (p + h) + m - h, m - h, p + m)] if m > h
                     else [(p + m, p + m, p + m)])  # (3 (p + h): the prefix, its deep copy, the rows kept)
-    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * t.kv_bytes
+    kv_token = kv_token_bytes(s, t)
     hq, repeat = s.heads * s.head_dim, s.kv_heads < s.heads  # sdpa with a padding mask repeats K, V
 
     def rows(cached, forward, attended):
