@@ -19,7 +19,7 @@ with `SandboxWarning`, saying what is not isolated and how to get it):
              read-only, and its own directory at /sandbox, writable; nothing else of the machine.
     unshare  util-linux `unshare`: new PID, network, mount (a private /proc), IPC and UTS
              namespaces, but the machine's filesystem.
-    none     a plain child process in its own session: limits and the uid only.
+    none     a plain child process in its own session: limits (and, as root, the uid) only.
 
 The process limit (RLIMIT_NPROC) counts processes per user, and does not bind root at all. So when
 we run as root, each concurrent run gets a uid of its own (`uid_base` + a slot, leased across
@@ -27,28 +27,30 @@ processes with a lock file) and the program is switched to it, with no capabilit
 starts; at the end every process of that uid is killed. When we are not root the program keeps our
 uid; bwrap and unshare then put it in a new user namespace, where the kernel counts RLIMIT_NPROC
 per namespace (we set it inside), so it bounds this run and not our other processes. Without
-namespaces a non-root program is allowed `processes` more than the tasks we already run.
+namespaces a non-root program is allowed `processes` more than the tasks we already run. If the
+grading process dies, its runs die with it (bwrap --die-with-parent; setpriv --pdeathsig).
 
 Threat model. The adversary is the program: arbitrary Python that knows this file, wanting to harm
 the machine or the training process, outlive its deadline, read what it should not, or get a reward
 it did not earn.
 - Contained by namespaces (bwrap): the network (an empty network namespace: no loopback service,
   no internet); other processes (it sees and signals only its own; when its first process ends or
-  the deadline comes the kernel kills all of them, double-forked daemons included); the filesystem
-  (no /home, /root, /etc, /tmp, training data or checkpoints; it writes only its own directory);
-  SysV IPC. unshare contains the network, processes and IPC, not the filesystem.
+  is killed at the deadline, the kernel kills the rest, double-forked daemons included); the
+  filesystem (no /home, /root, /etc, /tmp, training data or checkpoints; it writes only its own
+  directory); SysV IPC. unshare contains the network, the processes and IPC, not the filesystem.
 - Contained by limits, in every mode: CPU time, wall time, memory per process, file size, open
   files, number of processes, output size; and, when we are root, by its own uid: it cannot
   signal, trace or write anything of another user (the trainer included).
-- Not contained: kernel bugs (namespaces are not a virtual machine: use gVisor or a VM against an
-  adversary with kernel exploits); contention (a program slows its neighbours until its deadline);
-  memory of a process tree beyond `processes` x `memory` (no cgroup); the number of files it writes
-  in its own directory (each at most `file_size`, all removed afterwards). Without bwrap: reads of
-  every file its uid may read (world-readable ones as root; all of ours when not root) and writes
-  where that uid may write (as root we remove its entries in /tmp, /var/tmp and /dev/shm
-  afterwards). Without namespaces also the network, and, when not root, our own processes (it can
-  signal them, and a double-forked daemon that calls setsid escapes the kill) and its SysV IPC
-  objects (shared memory outlives the program; as root we remove those of its uid).
+- Not contained in any mode: kernel bugs (namespaces are not a virtual machine: use gVisor or a VM
+  against an adversary with kernel exploits); contention (a program slows its neighbours until its
+  deadline); the memory of a process tree beyond `processes` x `memory` (no cgroup); the number of
+  files it writes in its own directory (each at most `file_size`, all removed afterwards).
+- Not contained without bwrap: reads of every file its uid may read (as root the world-readable
+  ones; otherwise all of ours) and writes wherever that uid may write (as root we then remove its
+  entries in /tmp, /var/tmp and /dev/shm).
+- Not contained without namespaces: the network (local services and the internet); SysV IPC
+  objects, which outlive the program (as root we remove those of its uid); and, when not root, our
+  processes: it can signal them, and a daemon that double-forks and calls setsid escapes the kill.
 - Rewards: expected outputs never enter the sandbox; graders compare outside (see code_grader.py).
 """
 from __future__ import annotations
@@ -79,9 +81,9 @@ CHUNK = 1 << 16  # bytes per read or write on the pipes
 EXIT_GRACE = 0.2  # seconds to drain the pipes after the program exits, if something else still holds them
 SWEEP_PATIENCE = 5.0  # seconds to keep killing a uid's processes (a fork bomb races the sweep)
 REAP_PATIENCE = 0.5  # seconds to wait for its killed processes to be reaped
-SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: without bwrap a program may leave files there
-HINT = "install bubblewrap (apt install bubblewrap) and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; " \
-       "in Docker, a seccomp profile that permits unshare)"
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: without bwrap, programs may leave files
+HINT = ("install bubblewrap (apt install bubblewrap) and allow user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1; in Docker, a seccomp profile that permits unshare)")
 
 # The first code to run in the sandbox, in the program's own process. It sets the rlimits (inside the
 # namespaces, so that RLIMIT_NPROC counts this run only), brings back the exit()/quit() that -S leaves
@@ -220,11 +222,11 @@ class Sandbox:
             out, err, killed = _pump(proc, stdin, deadline, self.limits)
             wall = time.monotonic() - start
         finally:
-            _end(proc)  # also on KeyboardInterrupt: nothing of the run may outlive it
+            _end(proc, whole_group=mode == "none")  # also on KeyboardInterrupt: nothing may outlive the run
             if uid is not None:
                 _kill_uid(uid)
                 if mode != "bwrap":  # it saw the machine's world-writable directories
-                    _remove_entries_of(uid, [d for d, mtime in _mtimes(SHARED_DIRS).items() if mtime != shared[d]])
+                    _remove_entries_of(uid, [d for d, t in _mtimes(SHARED_DIRS).items() if t != shared[d]])
                 if mode == "none":  # it had no IPC namespace to take its SysV objects away with it
                     _remove_ipc_of(uid, self._tools["ipcrm"])
         return Result(proc.returncode, out, err, killed, wall)
@@ -235,24 +237,28 @@ class Sandbox:
         nproc = lim.processes
         if mode == "none" and uid is None:  # no namespace, no uid of its own: NPROC counts all our tasks
             nproc += sum(threads for _, threads in _processes_of(os.getuid()).values())
+        # CPU seconds: a backstop behind the wall deadline, for a process that would escape the kill
         limits = [math.ceil(lim.timeout) + 1, lim.memory, lim.file_size, lim.open_files, nproc, 0]
         python = [self.python, "-I", "-B", *([] if self.site_packages else ["-S"]),
                   "-c", BOOTSTRAP, *map(str, limits), "main.py"]
-        # setpriv: SIGKILL when the parent dies (a uid switch clears the one unshare --kill-child set),
-        # and as root the switch to the run's uid with no capabilities
-        setpriv = self._tools["setpriv"]
-        dies = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
-        drop = [*dies, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all"] if uid is not None else dies
-        program = [*drop, "--", *python] if drop else python
+        program = [*self._setpriv(uid), *python]
         if mode == "bwrap":
             return [self._tools["bwrap"], *self._bwrap_args(uid, workdir), "--", *program]
         if mode == "unshare":
             user = ["--map-current-user"] if uid is None else []  # root needs no user namespace
             # unshare has no --die-with-parent: setpriv gives it one, so that the run ends if we die
-            return [*dies, *(["--"] if dies else []), self._tools["unshare"], *user, "--pid", "--net", "--ipc",
-                    "--uts", "--kill-child", "--mount-proc", "--", *program]
+            return [*self._setpriv(None), self._tools["unshare"], *user, "--pid", "--net", "--ipc", "--uts",
+                    "--kill-child", "--mount-proc", "--", *program]
         return program
+
+    def _setpriv(self, uid: int | None) -> list[str]:
+        """setpriv's argv up to the command: SIGKILL when the parent dies (a uid switch clears the one
+        that unshare --kill-child set), and given a uid, the switch to it without capabilities."""
+        if not self._tools["setpriv"]:  # (root cannot get here: it needs setpriv for the uid)
+            return []
+        switch = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--inh-caps=-all",
+                  "--bounding-set=-all"] if uid is not None else []
+        return [self._tools["setpriv"], "--pdeathsig", "KILL", *switch, "--"]
 
     def _bwrap_args(self, uid: int | None, workdir: Path) -> list[str]:
         # root: no user namespace, so that setpriv can switch to the leased uid inside (under a user
@@ -461,9 +467,11 @@ def _drain(fd: int, buf: bytearray, cap: int, sel: selectors.BaseSelector) -> st
     return "output_limit" if over else ""
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Kill whatever is left of a run and reap it. The launcher is not reaped until the end (a zombie
-    at worst), so neither its pid nor its process-group id can have been reused meanwhile."""
+def _end(proc: subprocess.Popen, whole_group: bool) -> None:
+    """Kill whatever is left of a run and reap it. The launcher is not reaped until its group is
+    killed (a zombie at worst), so neither its pid nor its group's id can have been reused meanwhile.
+    whole_group: wait until every process of its group is dead (without a PID namespace nothing else
+    waits for them: a SIGKILLed process of a fork bomb still runs until it is next scheduled)."""
     firsts = _child_pidfds(proc.pid)  # bwrap, unshare: the namespace's first process, if still running
     for fd in firsts:  # killing it makes the kernel kill the rest of its namespace
         with contextlib.suppress(ProcessLookupError):
@@ -476,6 +484,11 @@ def _end(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + SWEEP_PATIENCE
+    while whole_group and _live_members(proc.pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # (the group's id stays taken while it has members)
+        time.sleep(0.001)
     for fd in firsts:
         select.select([fd], [], [], SWEEP_PATIENCE)  # readable once it (and so its namespace) is gone
         os.close(fd)
@@ -503,6 +516,18 @@ def _child_pidfds(pid: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- processes and files of a uid
+
+def _live_members(pgid: int) -> list[int]:
+    """Pids of the processes of process group `pgid` that are not zombies."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)"
+                if fields[2] == str(pgid) and fields[0] != "Z":  # state, ppid, pgrp
+                    members.append(int(name))
+    return members
+
 
 def _status(pid: int) -> str:
     """The text of /proc/PID/status ("" if it is gone): "Name:\tpython\nState:\tS (sleeping)\n..."."""

@@ -85,6 +85,26 @@ def workdirs() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("rlvr-sandbox-*") if p.name != "rlvr-sandbox-uids"}
 
 
+# What an attack needs isolated, and who isolates it: the modes whose namespaces do, and whether,
+# as root, the run's own uid does in the other modes (see sandbox.py's threat model).
+CONTAINMENT = {
+    "other processes": ({"bwrap", "unshare"}, True),  # signals to them; daemons outliving the run
+    "the process count": ({"bwrap", "unshare"}, True),  # counted per run, not over all our processes
+    "SysV IPC": ({"bwrap", "unshare"}, True),  # objects outliving the run (root: removed by uid)
+    "the network": ({"bwrap", "unshare"}, False),
+    "private files": ({"bwrap"}, True),  # files of ours that other users may not read
+    "world-readable files": ({"bwrap"}, False),
+    "writes outside its directory": ({"bwrap"}, True),  # (root: its entries in /tmp... are removed)
+}
+
+
+def require(box, what: str) -> None:
+    """Skip, with the reason, where `box` does not isolate `what` on this machine."""
+    modes, by_uid = CONTAINMENT[what]
+    if box.isolation not in modes and not (by_uid and os.geteuid() == 0):
+        pytest.skip(f"isolation {box.isolation!r} does not isolate {what}" + (" when not root" if by_uid else ""))
+
+
 # ----------------------------------------------------------------------------- extraction and comparison
 
 @pytest.mark.parametrize("response, program", [
@@ -198,6 +218,7 @@ def test_root_runs_programs_as_a_leased_uid_without_capabilities(box):
 def test_process_limit_is_per_run(box):
     """Two runs at once each fork 8 children under a limit of 16: with a shared count (one uid for
     all runs, or our own uid without a user namespace) the second would be refused."""
+    require(box, "the process count")
     program = ("import os, time\nkids = 0\nfor _ in range(8):\n    if os.fork() == 0:\n        time.sleep(0.5)\n"
                "        os._exit(0)\n    kids += 1\nprint(kids)\nfor _ in range(kids): os.wait()")
     with ThreadPoolExecutor(2) as pool:
@@ -301,21 +322,22 @@ segment = libc.shmget(0, ctypes.c_size_t(size), 0o1600)  # IPC_PRIVATE, IPC_CREA
 address = libc.shmat(segment, None, 0)
 ctypes.memset(address, 1, size)  # touch every page
 """
-# name -> (program, the failures it may score with). Each must score 0 within the limit.
+# name -> (program, the failures it may score with, what it needs contained beyond the limits).
 HOSTILE = {
-    "infinite_loop": ("while True: pass", {"timeout"}),
-    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", {"timeout"}),
-    "allocate_50GB": ("x = bytearray(50 << 30)", {"crash"}),
+    "infinite_loop": ("while True: pass", {"timeout"}, ""),
+    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                  {"timeout"}, ""),
+    "allocate_50GB": ("x = bytearray(50 << 30)", {"crash"}, ""),
     "write_10GB": ("with open('big', 'wb') as f:\n    for _ in range(10 << 10):\n        f.write(bytes(1 << 20))",
-                   {"crash"}),
-    "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", {"", "crash"}),
-    "double_forked_daemon": (DAEMON, {""}),
-    "one_MB_lines": ("while True: print('x' * (1 << 20))", {"output_limit"}),
+                   {"crash"}, ""),
+    "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", {"", "crash"}, "other processes"),
+    "double_forked_daemon": (DAEMON, {""}, "other processes"),
+    "one_MB_lines": ("while True: print('x' * (1 << 20))", {"output_limit"}, ""),
     "deep_recursion": ("import sys\nsys.setrecursionlimit(10 ** 9)\ndef f(n): return f(n + 1) + 1\nf(0)",
-                       {"crash", "timeout"}),
-    "stdin_forever": ("import sys\nwhile True: sys.stdin.read()", {"timeout"}),
-    "hold_600MB": ("x = b'x' * (600 << 20)\nwhile True: pass", {"timeout"}),  # memory comes back
-    "sysv_shared_memory_300MB": (SHM, {"", "timeout"}),  # memory that would outlive the program
+                       {"crash", "timeout"}, ""),
+    "stdin_forever": ("import sys\nwhile True: sys.stdin.read()", {"timeout"}, ""),
+    "hold_600MB": ("x = b'x' * (600 << 20)\nwhile True: pass", {"timeout"}, ""),  # memory comes back
+    "sysv_shared_memory_300MB": (SHM, {"", "timeout"}, "SysV IPC"),  # memory that would outlive the program
 }
 
 
@@ -343,14 +365,16 @@ def graded_hostile(box, program: str, allowed: set[str], reward: float = 0.0) ->
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_program_scores_0_and_leaves_nothing(box, name):
-    if name == "kill_parent" and box.isolation == "none" and os.geteuid() != 0:
-        pytest.skip("without namespaces a non-root program's parent is this test process, which it may kill")
-    graded_hostile(box, *HOSTILE[name])
+    program, failures, needs = HOSTILE[name]
+    if needs:
+        require(box, needs)
+    graded_hostile(box, program, failures)
 
 
 def test_daemon_stays_gone(box):
     """The daemon sleeps 60 s after its parent printed the right answer: nothing of it exists right
     after the run, nor half a second later."""
+    require(box, "other processes")
     assert graded_hostile(box, DAEMON + "print(3)", {""}, reward=1.0)
     for _ in range(5):
         time.sleep(0.1)
@@ -358,8 +382,7 @@ def test_daemon_stays_gone(box):
 
 
 def test_kill_of_an_outside_process_fails(box):
-    if box.isolation == "none" and os.geteuid() != 0:
-        pytest.skip("without namespaces a non-root program runs as us and can signal our processes")
+    require(box, "other processes")
     victim = subprocess.Popen(["sleep", "30"])
     try:
         graded_hostile(box, f"import os, signal\nos.kill({victim.pid}, signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)",
@@ -372,10 +395,7 @@ def test_kill_of_an_outside_process_fails(box):
 
 @pytest.mark.parametrize("visibility", ["private", "world_readable"])
 def test_read_of_a_file_outside_its_directory_fails(box, visibility, tmp_path):
-    if visibility == "world_readable" and box.isolation != "bwrap":
-        pytest.skip(f"isolation {box.isolation!r} shares the filesystem: world-readable files are readable")
-    if visibility == "private" and box.isolation != "bwrap" and os.geteuid() != 0:
-        pytest.skip(f"isolation {box.isolation!r} runs the program as us: our private files are readable")
+    require(box, f"{visibility.replace('_', '-')} files")
     folder = Path(tempfile.mkdtemp()) if visibility == "world_readable" else tmp_path
     try:
         folder.chmod(0o755 if visibility == "world_readable" else 0o700)
@@ -393,8 +413,7 @@ def test_read_of_a_file_outside_its_directory_fails(box, visibility, tmp_path):
 
 
 def test_write_outside_its_directory_leaves_nothing(box):
-    if box.isolation != "bwrap" and os.geteuid() != 0:
-        pytest.skip(f"isolation {box.isolation!r} runs the program as us: it can write where we can")
+    require(box, "writes outside its directory")
     target = Path(tempfile.gettempdir()) / f"rlvr-escaped-{os.getpid()}"
     graded_hostile(box, f"import os\nos.makedirs({str(target)!r})\nopen({str(target / 'f')!r}, 'w').write('x')",
                    {"", "crash"})
@@ -402,8 +421,7 @@ def test_write_outside_its_directory_leaves_nothing(box):
 
 
 def test_connection_to_a_local_port_does_not_arrive(box):
-    if box.isolation == "none":
-        pytest.skip("isolation 'none' shares the network: a local port is reachable")
+    require(box, "the network")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
