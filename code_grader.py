@@ -13,9 +13,10 @@ passes, else 0; `fraction` is the share of tests passed (for the logs).
 
 Comparison, following the graders these datasets were published with:
 - stdout: LiveCodeBench's grade_stdio (LiveCodeBench/LiveCodeBench @ 8610ffb,
-  lcb_runner/evaluation/testing_util.py; DeepCoder grades LiveCodeBench problems with it): strip the
-  whole output, split it into lines, strip each line; the line counts must agree, and each line must
-  be equal, or else equal as lists of Decimal tokens ("0.50" == "0.5"). The program must also exit 0.
+  lcb_runner/evaluation/testing_util.py; DeepCoder's rllm grades LiveCodeBench and Codeforces
+  problems with a copy of it, rllm-org/rllm @ eedfda9, rllm/rewards/code_reward.py): strip the whole
+  output, split it into lines, strip each line; the line counts must agree, and each line must be
+  equal, or else equal as lists of Decimal tokens ("0.50" == "0.5"). The program must also exit 0.
 - return values: APPS's run_test (hendrycks/apps @ b45c0ed, eval/testing_util.py): a returned tuple
   counts as a list (JSON has none), then equal to the expected value; APPS also accepts the first
   element of an expected list, because it wraps many returns in one; we accept that only for

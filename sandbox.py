@@ -161,7 +161,8 @@ class Sandbox:
         self._tools = {tool: shutil.which(tool) for tool in ("bwrap", "unshare", "setpriv", "ipcrm")}
         self._install = _install_dirs(self.python)
         self._binds = _bwrap_binds(self._install)
-        self._locks = _uid_lock_dir(uid_base) if self.root else None
+        self._home = _sandbox_home()  # the runs' directories; as root, also the uid lock files
+        self._locks = _uid_lock_dir(self._home, uid_base) if self.root else None
         self.passed_over: dict[str, str] = {}  # stronger modes that did not work here, and why
         self.isolation = self._choose(isolation)
         note = isolation_note(self.isolation, self.root, self.passed_over, uid_base)
@@ -204,7 +205,7 @@ class Sandbox:
     def _run(self, mode: str, files: dict[str, str], stdin: bytes, timeout: float) -> Result:
         start = time.monotonic()
         try:
-            with self._leased_uid() as uid, _workdir(uid) as workdir:
+            with self._leased_uid() as uid, _workdir(self._home, uid) as workdir:
                 for name, text in files.items():
                     (workdir / Path(name).name).write_text(text, encoding="utf-8", errors="surrogatepass")
                 return self._execute(mode, uid, workdir, stdin, start + timeout)
@@ -288,7 +289,7 @@ class Sandbox:
                 # would eat into the next run's process limit: then take another uid
                 if not _kill_uid(self.uid_base + slot, reap_wait=0):
                     continue
-                _remove_workdirs_of(self.uid_base + slot)  # left by a run that was killed with its grader
+                _remove_workdirs_of(self._home, self.uid_base + slot)  # of a run killed with its grader
                 yield self.uid_base + slot
             finally:
                 os.close(fd)
@@ -363,26 +364,36 @@ def _blocked_for_others(path: str) -> str:
     return ""
 
 
-def _uid_lock_dir(uid_base: int) -> Path:
-    """Root's directory of uid lock files; refuse one another user could have planted."""
+def _sandbox_home() -> Path:
+    """Our directory of run directories, one per user, that no one else can write (so that nothing
+    in it was planted) but the programs' uids can cross (mode 0711). Being our own, it also keeps
+    the runs from touching /tmp itself, whose changes tell us when a program wrote there."""
+    path = Path(tempfile.gettempdir()) / f"rlvr-sandbox-{os.getuid()}"
+    path.mkdir(exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SandboxError(f"{path}: expected a directory of yours (uid {os.getuid()}); remove it and retry")
+    os.chmod(path, 0o711)
+    return path
+
+
+def _uid_lock_dir(home: Path, uid_base: int) -> Path:
+    """Root's directory of uid lock files, after checking that no account uses the uids."""
     for uid in range(uid_base, uid_base + UID_SLOTS):
         try:
             name = pwd.getpwuid(uid).pw_name
         except KeyError:
             continue
         raise SandboxError(f"uid_base={uid_base}: uid {uid} belongs to user {name}; choose a range no account uses")
-    path = Path(tempfile.gettempdir()) / "rlvr-sandbox-uids"
+    path = home / "uids"
     path.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077:
-        raise SandboxError(f"{path}: expected a directory of root's with mode 0700; remove it and retry")
     return path
 
 
 @contextlib.contextmanager
-def _workdir(uid: int | None):
+def _workdir(home: Path, uid: int | None):
     """A fresh empty directory for one run, owned by the program's uid, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=_workdir_prefix(uid)))
+    path = Path(tempfile.mkdtemp(prefix=_workdir_prefix(uid), dir=home))
     try:
         if uid is not None:
             os.chown(path, uid, uid)
@@ -397,13 +408,13 @@ def _workdir(uid: int | None):
 
 
 def _workdir_prefix(uid: int | None) -> str:
-    return "rlvr-sandbox-" if uid is None else f"rlvr-sandbox-{uid}-"
+    return "run-" if uid is None else f"run-{uid}-"
 
 
-def _remove_workdirs_of(uid: int) -> None:
-    for name in os.listdir(tempfile.gettempdir()):
+def _remove_workdirs_of(home: Path, uid: int) -> None:
+    for name in os.listdir(home):
         if name.startswith(_workdir_prefix(uid)):
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+            shutil.rmtree(home / name, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- a run

@@ -2,6 +2,7 @@
 
     python bench/sandbox.py              # ~1 minute on 2 CPU cores
     python bench/sandbox.py --workers 2 4 --modes bwrap unshare none
+    python bench/sandbox.py --python /usr/bin/python3    # the same interpreter in every mode
 
 The batch is the right solutions of tests/fixtures/code_problems.jsonl, repeated to 128 (stdin and
 function problems, 2-3 tests each: 2.6 sandbox runs per solution), graded with CodeGrader.grade_all
@@ -38,9 +39,9 @@ def batch() -> list[tuple[str, object]]:
     return [items[i % len(items)] for i in range(BATCH)]
 
 
-def sandboxed(mode: str, workers: int) -> tuple[float, str, int] | None:
+def sandboxed(mode: str, workers: int, pythons: list[str]) -> tuple[float, str, int] | None:
     """(seconds for the batch, the interpreter, programs scored 1), or None when `mode` does not work here."""
-    for python in (sys.executable, "/usr/bin/python3"):
+    for python in pythons:
         try:
             box = Sandbox(mode, python=python, limits=Limits(timeout=10))
             break
@@ -84,13 +85,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--modes", nargs="+", default=list(ISOLATIONS), choices=ISOLATIONS)
+    parser.add_argument("--python", help="the interpreter programs run with (default: ours, else /usr/bin/python3)")
     args = parser.parse_args()
+    pythons = [args.python] if args.python else [sys.executable, "/usr/bin/python3"]
     warnings.simplefilter("ignore")  # the weaker modes warn; here they are asked for
     print(f"{BATCH} solutions, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'mode':8s} {'workers':>7s} {'programs/s':>10s} {'bare/s':>8s} {'ratio':>6s}  right  python")
     for mode in args.modes:
         for workers in args.workers:
-            measured = sandboxed(mode, workers)
+            measured = sandboxed(mode, workers, pythons)
             if measured is None:
                 break
             seconds, python, right = measured

@@ -67,7 +67,7 @@ def sandbox_processes() -> list[int]:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(e == b"HOME=/sandbox" or e.startswith(b"HOME=" + tempfile.gettempdir().encode() + b"/rlvr-sandbox-")
+        if any(e == b"HOME=/sandbox" or e.startswith(b"HOME=" + bytes(sandbox._sandbox_home()) + b"/run-")
                for e in env):
             found.append(pid)
     return found
@@ -82,7 +82,8 @@ def meminfo(field: str) -> int:
 
 
 def workdirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("rlvr-sandbox-*") if p.name != "rlvr-sandbox-uids"}
+    """The run directories that exist (sandbox.py keeps them in one directory per user)."""
+    return {p.name for p in sandbox._sandbox_home().glob("run-*")}
 
 
 # What an attack needs isolated, and who isolates it: the modes whose namespaces do, and whether,
@@ -461,4 +462,4 @@ def test_nothing_outlives_a_grader_that_dies(box):
         while sandbox._processes_of(box.uid_base) and time.monotonic() < deadline:
             time.sleep(0.05)
         box.run("pass")
-        assert not [d for d in workdirs() if d.startswith(f"rlvr-sandbox-{box.uid_base}-")]
+        assert not [d for d in workdirs() if d.startswith(f"run-{box.uid_base}-")]
