@@ -162,6 +162,7 @@ class Sandbox:
         self._install = _install_dirs(self.python)
         self._binds = _bwrap_binds(self._install)
         self._home = _sandbox_home()  # the runs' directories; as root, also the uid lock files
+        _remove_stale_workdirs(self._home)
         self._locks = _uid_lock_dir(self._home, uid_base) if self.root else None
         self.passed_over: dict[str, str] = {}  # stronger modes that did not work here, and why
         self.isolation = self._choose(isolation)
@@ -289,7 +290,6 @@ class Sandbox:
                 # would eat into the next run's process limit: then take another uid
                 if not _kill_uid(self.uid_base + slot, reap_wait=0):
                     continue
-                _remove_workdirs_of(self._home, self.uid_base + slot)  # of a run killed with its grader
                 yield self.uid_base + slot
             finally:
                 os.close(fd)
@@ -392,9 +392,12 @@ def _uid_lock_dir(home: Path, uid_base: int) -> Path:
 
 @contextlib.contextmanager
 def _workdir(home: Path, uid: int | None):
-    """A fresh empty directory for one run, owned by the program's uid, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=_workdir_prefix(uid), dir=home))
+    """A fresh empty directory for one run, owned by the program's uid, removed afterwards; locked
+    (flock) while the run lives, so that a directory no one holds is known to be left over."""
+    path = Path(tempfile.mkdtemp(prefix="run-", dir=home))
+    lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if uid is not None:
             os.chown(path, uid, uid)
         yield path
@@ -405,16 +408,20 @@ def _workdir(home: Path, uid: int | None):
                     if not os.path.islink(os.path.join(parent, d)):
                         os.chmod(os.path.join(parent, d), 0o700)
         shutil.rmtree(path, ignore_errors=True)
+        os.close(lock)
 
 
-def _workdir_prefix(uid: int | None) -> str:
-    return "run-" if uid is None else f"run-{uid}-"
-
-
-def _remove_workdirs_of(home: Path, uid: int) -> None:
+def _remove_stale_workdirs(home: Path) -> None:
+    """Remove the run directories whose lock no one holds: left by a grader that was killed."""
     for name in os.listdir(home):
-        if name.startswith(_workdir_prefix(uid)):
-            shutil.rmtree(home / name, ignore_errors=True)
+        if name.startswith("run-"):
+            with contextlib.suppress(OSError):
+                lock = os.open(home / name, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    shutil.rmtree(home / name, ignore_errors=True)
+                finally:
+                    os.close(lock)
 
 
 # ----------------------------------------------------------------------------- a run
