@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from checkpoint import resolve_resume, saved_config
 from model import check_context
 from rewards import DataError, Problem
 from rollout import Chunking, Sampling, encode_prompts
-from tasks import TASKS, has_own_splits, load_file, make_task, prompt_template, with_template
+from tasks import (CODE_TEMPLATES, TASKS, CodeTask, MixedTask, domain_name, has_own_splits, is_code_file, make_task,
+                   prompt_template, with_template)
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
@@ -35,9 +37,10 @@ class RunConfig:
     algo: str = "grpo"  # a name from algos/__init__.py; its preset sets some of its knobs (the last fields of Config)
     config: str = ""  # YAML preset file; its keys are Config fields
     model: str = DEFAULT_MODEL  # any local HF causal LM folder; default: the shipped tiny model
-    data: str = "running_sum"  # built-in task (running_sum, countdown), a .jsonl/.json/.parquet file, or file.py:Class (a tasks.Task)
+    data: str = "running_sum"  # built-in task (running_sum, countdown), a .jsonl/.json/.parquet file (of code problems when its rows have tests), or file.py:Class (a tasks.Task); several, comma-separated, for a mixed run
+    data_weights: str = ""  # mixed run: each --data source's share of the training prompts, comma-separated (0.5,0.3,0.2), normalised; "" = equal
     reward: str = ""  # grader of a data file: file.py:function (prompt, response, answer) -> float, run bounded; "" = math-verify
-    eval_data: str = ""  # held-out file; built-in tasks use their own held-out split
+    eval_data: str = ""  # held-out file; built-in tasks use their own held-out split; mixed run: one entry per source, comma-separated, empty for a built-in task
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
     max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
     seed: int = 0  # fixes data order, sampling and everything else
@@ -47,7 +50,11 @@ class RunConfig:
     sum_max_terms: int = 5  # running_sum: most integers to add
     sum_digits: int = 2  # running_sum: digits per integer
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
-    prompt_template: str = ""  # the problem -> the user message: a paper's (pacs, rover, delethink, nsr, dr_grpo, dapo, gsm8k) or a string with {problem}; "" = as is
+    prompt_template: str = ""  # the problem -> the user message: a paper's (pacs, rover, delethink, nsr, dr_grpo, dapo, gsm8k) or a string with {problem}; "" = as is; not code files
+    code_template: str = ""  # code files: the prompt recipe (deepcoder, lcb, prime; stdin or function form by the row's tests); "" = the row's prompt as is
+    sandbox: str = "auto"  # code files: how programs are isolated: auto (the strongest that works here) | bwrap | unshare | none
+    sandbox_timeout: float = 5.0  # code files: wall-clock seconds per program run (one stdin test, or all calls of a function problem)
+    sandbox_memory: int = 1024  # code files: MiB of address space per process of a program
     answer_after: str = ""  # answer gate: grade only the text after this (Delethink recipe: </think>); a response without it scores 0
     grade_timeout: float = 10.0  # seconds per grading of a data file's row (math-verify or --reward); over it scores 0, counted
     grade_workers: int = 4  # grading worker processes per rank, grading a batch in parallel (data files)
@@ -205,6 +212,8 @@ def _read_yaml(path: str) -> dict:
     out = {}
     for name, value in values.items():  # YAML reads 1e-6 as a string; the field type decides
         kind = _kind(name)
+        if kind is str and isinstance(value, list):  # data: [running_sum, countdown] = --data running_sum,countdown
+            value = ",".join(map(str, value))
         try:
             out[name] = ([int(v) for v in value] if kind is list and isinstance(value, list)
                          else _parser_for(kind)(str(value)))
@@ -225,8 +234,13 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
-    "engine": dict(choices=("fast", "hf")),
+    "engine": dict(choices=("fast", "hf")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
+    "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
+    "sandbox_memory": dict(at_least=64),
 }
+CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files only
+# A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics
+TAKEN_DOMAINS = ("mean", "std", "zero_std_groups", "grader_failures")
 
 
 def validate(cfg: Config, world: int) -> None:
@@ -318,18 +332,77 @@ def without_group_baseline() -> list[str]:
 
 
 def data_checks(cfg: Config) -> list[tuple[bool, str]]:
-    """What --data, --eval-data and --reward may be together."""
-    own = "built in" if cfg.data in TASKS else "a task of its own"
-    return [
-        (not cfg.eval_data or not has_own_splits(cfg.data),
-         f"--eval-data is the held-out file of a data file; --data {cfg.data} is {own} and is "
-         f"graded by its own rules on its own held-out split: drop --eval-data, or train on a file"),
-        (has_own_splits(cfg.data) or cfg.eval_data or cfg.eval_every == 0,
-         f"--data {cfg.data} is a file: give --eval-data FILE for held-out eval, or --eval-every 0"),
-        (not cfg.reward or not has_own_splits(cfg.data),
-         f"--reward grades the rows of a data file; --data {cfg.data} is {own} with its own grader: "
-         f"drop --reward, or train on a file"),
+    """What --data, --data-weights, --eval-data and --reward may be together, for each source."""
+    srcs, mixed = sources(cfg), "," in cfg.data
+    names, evals = [domain_name(src) for src in srcs], held_out_files(cfg)
+    checks = [
+        (all(srcs), f"--data {cfg.data}: an empty source between commas"),
+        (len(set(names)) == len(names), f"--data {cfg.data}: two sources have the same name ({', '.join(names)}); a "
+                                        f"source is named by its built-in task or its file's stem: rename a file"),
+        (not mixed or not set(names) & set(TAKEN_DOMAINS),
+         f"--data {cfg.data}: a source named {', '.join(sorted(set(names) & set(TAKEN_DOMAINS)))} would log its "
+         f"reward as reward/mean, std, zero_std_groups or grader_failures, the batch's own: rename the file"),
+        (not cfg.data_weights or mixed,
+         f"--data-weights weighs the sources of a mixed run; --data {cfg.data} is one source: drop --data-weights, "
+         f"or give several sources (--data a,b)"),
+        (not weights_problem(cfg, len(srcs)), weights_problem(cfg, len(srcs))),
+        (len(evals) == len(srcs), f"--eval-data {cfg.eval_data}: {len(evals)} entries for the {len(srcs)} sources of "
+                                  f"--data {cfg.data}: give one per source, in order, empty for a built-in task"),
     ]
+    for src, held_out in zip(srcs, evals):
+        own = "built in" if src in TASKS else "a task of its own"
+        checks += [
+            (not held_out or not has_own_splits(src),
+             f"--eval-data is the held-out file of a data file; --data {src} is {own} and is graded by its own "
+             f"rules on its own held-out split: " + ("leave its --eval-data entry empty" if mixed else
+                                                     "drop --eval-data, or train on a file")),
+            (has_own_splits(src) or held_out or cfg.eval_every == 0,
+             f"--data {src} is a file: give --eval-data FILE for held-out eval, or --eval-every 0"
+             + (" (one entry per source, in order, comma-separated)" if mixed else "")),
+        ]
+    own = "built in" if cfg.data in TASKS else "a task of its own"
+    return checks + [
+        (not cfg.reward or not all(map(has_own_splits, srcs)),
+         f"--reward grades the rows of a data file; --data {cfg.data} is {own if not mixed else 'no data file'} with "
+         f"its own grader: drop --reward, or train on a file"),
+    ]
+
+
+def sources(cfg: Config) -> list[str]:
+    """The sources of --data: "running_sum, code.jsonl" -> ["running_sum", "code.jsonl"]."""
+    return [src.strip() for src in cfg.data.split(",")]
+
+
+def held_out_files(cfg: Config) -> list[str]:
+    """--eval-data's entry for each source ("" where it has none): ",test.jsonl" -> ["", "test.jsonl"]."""
+    return [e.strip() for e in cfg.eval_data.split(",")] if cfg.eval_data else [""] * len(sources(cfg))
+
+
+def weights_problem(cfg: Config, n: int) -> str:
+    """What is wrong with --data-weights for n sources, or ""."""
+    if not cfg.data_weights:
+        return ""
+    given = [w.strip() for w in cfg.data_weights.split(",")]
+    if len(given) != n:
+        return (f"--data-weights {cfg.data_weights}: {len(given)} weight(s) for the {n} sources of --data "
+                f"{cfg.data}: give one per source, in order")
+    for w in given:
+        try:
+            value = float(w)
+        except ValueError:
+            return f"--data-weights {cfg.data_weights}: {w!r} is not a number"
+        if not (math.isfinite(value) and value >= 0):
+            return f"--data-weights {cfg.data_weights}: {w} is not a share: every weight must be a finite number ≥ 0"
+    if not any(float(w) for w in given):
+        return f"--data-weights {cfg.data_weights}: every weight is 0, so no source would be sampled"
+    return ""
+
+
+def data_weights(cfg: Config) -> list[float]:
+    """Each source's share of the training prompts, summing to 1 ("0.5,1.5" -> [0.25, 0.75]; "" = equal);
+    checked by validate (weights_problem)."""
+    given = [float(w) for w in cfg.data_weights.split(",")] if cfg.data_weights else [1.0] * len(sources(cfg))
+    return [w / sum(given) for w in given]
 
 
 def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
@@ -364,12 +437,39 @@ def check_prompts_fit(cfg: Config, tokenizer, hf_config, problems) -> None:
 
 
 def load_problems(cfg: Config):
-    """(task, train problems, held-out problems), read and checked before any model is loaded."""
-    task = make_task(cfg.data, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
-                     sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout,
-                     grade_workers=cfg.grade_workers, grade_budget=cfg.grade_budget, reward=cfg.reward)
-    train, heldout = task.splits()
-    if cfg.eval_data:
-        heldout = load_file(cfg.eval_data)
-    heldout = heldout[:cfg.eval_problems or None]
-    return task, with_template(train, cfg.prompt_template), with_template(heldout, cfg.prompt_template)
+    """(task, train problems, held-out problems), read and checked before any model is loaded. In a
+    mixed run (several --data sources) the task is a MixedTask, every problem carries its source's
+    name (Problem.domain), and each source keeps eval_problems held-out problems."""
+    srcs, mixed, evals = sources(cfg), "," in cfg.data, held_out_files(cfg)
+    code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
+                memory=cfg.sandbox_memory)
+    tasks, train, heldout = {}, [], []
+    for src, held_out in zip(srcs, evals):
+        task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
+                         sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
+                         grade_budget=cfg.grade_budget, code=code,
+                         reward="" if mixed and is_code_file(src) else cfg.reward)  # a code file has its tests
+        problems, held = task.splits()
+        if held_out:
+            held = task.read(held_out)
+        held = held[:cfg.eval_problems or None]
+        if not isinstance(task, CodeTask):  # a code file's recipe (--code-template) chose its prompts
+            problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
+        if mixed:
+            name = domain_name(src)
+            problems, held = ([dataclasses.replace(p, domain=name) for p in ps] for ps in (problems, held))
+        tasks[domain_name(src)] = task
+        train += problems
+        heldout += held
+    code_files = [src for src, task in zip(srcs, tasks.values()) if isinstance(task, CodeTask)]
+    unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
+              if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default]
+    if unread and not code_files:
+        raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
+                        f"with tests), so nothing reads it; leave it at its default")
+    if cfg.prompt_template and len(code_files) == len(srcs):
+        raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
+                        f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
+    if not mixed:
+        return task, train, heldout
+    return MixedTask(tasks, dict(zip(tasks, data_weights(cfg)))), train, heldout

@@ -6,6 +6,8 @@
                                        # what train.py's periodic eval logged at step 100
     python eval.py --config configs/tiny_delethink.yaml --max-chunks 12    # test-time scaling
     torchrun --nproc_per_node 2 eval.py ...                                 # same numbers, 2 ranks
+    python eval.py --data running_sum,countdown                            # per-domain tables
+    python eval.py --data code.jsonl --responses responses.jsonl           # grade given responses, no model
 
 `train.py` calls `evaluate` for its periodic eval with the settings of `config.eval_settings`, and
 this script builds the same Config (every Config field is a flag here too), so the two never
@@ -14,6 +16,12 @@ batches and batch b is sampled after torch.manual_seed(seed + b), whichever rank
 
 Writes to --out: problems.jsonl (per problem: every response with its extracted answer and
 reward, pass@k, the majority answer), summary.json (metrics and settings), TensorBoard scalars.
+With several --data sources every metric is also given per source, eval/<domain>/pass@1 ....
+
+--responses FILE grades responses written elsewhere instead of sampling: one JSON object a line,
+{"index": i, "response": "..."}, i counting the problems of --data from 0 (a JSONL file's first
+line is 0); several lines may share an index, and problems without a line are left out. No model
+is loaded; the same problems.jsonl and summary.json are written (without lengths and greedy).
 """
 from __future__ import annotations
 
@@ -61,36 +69,58 @@ def majority(samples: list[dict]) -> tuple[str | None, float]:
 def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
     """Each response's record; a trace of several chunks also keeps what each chunk wrote."""
     verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=answer_after)
-    return [{"response": e.text, "answer": v.answer, "reward": v.reward, "failure": v.failure,
-             "length": len(e.response_ids), "truncated": e.truncated,
+    return [{**sample_record(e.text, v), "length": len(e.response_ids), "truncated": e.truncated,
              **({"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})}
             for e, v in zip(episodes, verdicts)]
+
+
+def sample_record(response: str, verdict) -> dict:
+    """A graded response as problems.jsonl keeps it, with the grader's details when it has some."""
+    return {"response": response, "answer": verdict.answer, "reward": verdict.reward, "failure": verdict.failure,
+            **({"details": verdict.details} if verdict.details else {})}
 
 
 def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
     """One problem's responses and its per-problem metrics (the rows of problems.jsonl)."""
     n, c = len(samples), int(sum(s["reward"] for s in samples))
     answer, maj = majority(samples)
-    return {"prompt": problem.prompt, "gold": problem.answer, "correct": c,
-            "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
+    return {"prompt": problem.prompt, "gold": problem.answer, **({"domain": problem.domain} if problem.domain else {}),
+            "correct": c, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
             "majority_reward": maj, "greedy": greedy, "samples": samples}
 
 
 def summarize(records: list[dict], ks: list[int]) -> dict:
     """Flat eval/ metrics over problems: accuracy (avg@n: mean reward of all samples, = pass@1
-    estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, and the
-    number of gradings that timed out or crashed (scored 0)."""
+    estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, the number
+    of gradings that timed out or crashed (scored 0), and the mean of each grader detail. n is
+    each problem's number of samples (maj@n is named by the first one's)."""
     n, total = len(records[0]["samples"]), len(records)
     samples = [s for r in records for s in r["samples"]]
-    out = {"eval/accuracy": sum(r["correct"] / n for r in records) / total}
+    out = {"eval/accuracy": sum(r["correct"] / len(r["samples"]) for r in records) / total}
     out.update({f"eval/pass@{k}": sum(r["pass@k"][str(k)] for r in records) / total for k in ks})
     out[f"eval/maj@{n}"] = sum(r["majority_reward"] for r in records) / total
     greedy = [r["greedy"] for r in records if r["greedy"] is not None]
     if greedy:
         out["eval/greedy"] = sum(g["reward"] for g in greedy) / total
-    out.update({"eval/length": sum(s["length"] for s in samples) / len(samples),
-                "eval/truncated": sum(s["truncated"] for s in samples) / len(samples),
-                "eval/grader_failures": float(sum(bool(s["failure"]) for s in samples + greedy))})
+    if all("length" in s for s in samples):  # sampled here, not graded from --responses
+        out.update({"eval/length": sum(s["length"] for s in samples) / len(samples),
+                    "eval/truncated": sum(s["truncated"] for s in samples) / len(samples)})
+    out["eval/grader_failures"] = float(sum(bool(s["failure"]) for s in samples + greedy))
+    details: dict[str, list] = {}
+    for s in samples:
+        for name, value in s.get("details", {}).items():
+            details.setdefault(name, []).append(value)
+    out.update({f"eval/{name}": sum(v) / len(v) for name, v in details.items()})
+    return out
+
+
+def summarize_domains(records: list[dict], ks: list[int]) -> dict:
+    """summarize over all problems, then over each source's (a mixed run's records carry their
+    domain): eval/pass@1, ..., eval/running_sum/pass@1, eval/countdown/pass@1, ..."""
+    out = summarize(records, ks)
+    for domain in dict.fromkeys(r["domain"] for r in records if "domain" in r):
+        mine = summarize([r for r in records if r.get("domain") == domain], ks)
+        out.update({f"eval/{domain}/{name[5:]}": value for name, value in mine.items()})
     return out
 
 
@@ -128,7 +158,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
         samples = {i: x for part, _ in parts for i, x in part.items()}
         best = {i: x for _, part in parts for i, x in part.items()}
     ordered = [problem_record(p, samples[i], ks, best.get(i)) for i, p in enumerate(problems)]
-    return summarize(ordered, ks), ordered
+    return summarize_domains(ordered, ks), ordered
 
 
 # ============================================================================ stand-alone
@@ -136,13 +166,17 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
     from config import Parser, _parser_for, parse_config
+    from rewards import DataError
     from tasks import has_own_splits
 
     parser = Parser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every train.py Config field is accepted as well (python train.py --help); "
                "the flags above set the eval_* fields and replace the training flags of the same name.")
-    parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file")
+    parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file; "
+                                       "several, comma-separated, for per-domain tables")
+    parser.add_argument("--responses", metavar="FILE", help='grade these responses instead of sampling: JSONL of '
+                        '{"index": problem number from 0, "response": "..."}; no model is loaded')
     parser.add_argument("-n", "--samples", type=int, dest="eval_samples", metavar="N", help="samples per problem")
     parser.add_argument("--k", type=_parser_for(list), dest="eval_k", metavar="K,K", help="pass@k values, e.g. 1,2,4,8")
     parser.add_argument("--problems", type=int, dest="eval_problems", metavar="P",
@@ -165,7 +199,15 @@ def parse_args(argv=None):
     overrides.update({k: v for k, v in vars(args).items() if k.startswith("eval_") and v is not None})
     if args.data:
         overrides["data"] = args.data
-        overrides["eval_data"] = "" if has_own_splits(args.data) else args.data
+        overrides["eval_data"] = ",".join("" if has_own_splits(src.strip()) else src.strip()
+                                          for src in args.data.split(","))
+    if args.responses:
+        if args.eval_samples is not None:
+            raise DataError("-n samples responses; --responses brings its own: drop -n")
+        if "," in (args.data or cfg.data):
+            raise DataError(f"--responses {args.responses}: its indices count the problems of one source; --data "
+                            f"{args.data or cfg.data} has several: grade each source's responses on its own")
+        overrides["eval_samples"] = max(overrides.get("eval_k", cfg.eval_k))  # the count is the file's (checked there)
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return args, cfg
@@ -186,13 +228,31 @@ def main(argv=None) -> None:
         task, _, problems = load_problems(cfg)
         if not problems:
             raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
-        tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-        check_prompts_fit(cfg, tokenizer, hf_config, problems)
+        if first:
+            for note in task.warnings:  # a weak sandbox, said once
+                print(f"warning: {note}", file=sys.stderr, flush=True)
+        if args.responses:
+            responses = read_responses(args.responses, problems, cfg.data)
+            ks = response_ks(cfg.eval_k, explicit=args.eval_k is not None, responses=responses)
+        else:
+            tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
+            check_prompts_fit(cfg, tokenizer, hf_config, problems)
         out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
         if first:
             writable(out)  # now, not after all the sampling
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
+    if args.responses:
+        metrics, records = grade_responses(task, problems, responses, ks, batch_size=cfg.eval_batch_size,
+                                           answer_after=cfg.answer_after)
+        task.close()
+        n = sorted({len(r["samples"]) for r in records})
+        write_results(out, args.step or 0, {"data": cfg.eval_data or cfg.data, "responses": args.responses,
+                                            "problems": len(records), "n": n[0] if len(n) == 1 else n, "k": ks},
+                      metrics, records,
+                      f"{args.responses} on {cfg.eval_data or cfg.data}: {sum(map(len, responses.values()))} "
+                      f"responses to {len(records)} problems")
+        return
     rank, world, device = setup_distributed(cfg)
     out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the folder
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
@@ -203,8 +263,68 @@ def main(argv=None) -> None:
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
-        write_results(out, args, cfg, settings, metrics, records)
+        chunks = settings["chunking"]
+        described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
+                     "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
+                     "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
+                     "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
+                     "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
+        step, name = args.step, Path(cfg.model).name
+        if step is None:
+            step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
+        write_results(out, step, described, metrics, records,
+                      f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
+                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
     teardown()
+
+
+def read_responses(path: str, problems: list, data: str) -> dict[int, list[str]]:
+    """--responses FILE -> {problem index: its responses, in file order}; every mistake names the line."""
+    from rewards import DataError
+    from tasks import records
+
+    if not Path(path).is_file():
+        raise DataError(f"--responses {path}: no such file")
+    by_index: dict[int, list[str]] = {}
+    for lineno, row in records(path):
+        index, response = row.get("index"), row.get("response")
+        if type(index) is not int or not 0 <= index < len(problems):  # type(): a bool is no index
+            raise DataError(f"{path}:{lineno}: 'index' must be an integer from 0 to {len(problems) - 1} (a problem's "
+                            f"position in --data {data}, from 0), got {index!r}")
+        if not isinstance(response, str):
+            raise DataError(f"{path}:{lineno}: 'response' must be a string, got {type(response).__name__}")
+        by_index.setdefault(index, []).append(response)
+    return by_index
+
+
+def response_ks(ks: list[int], *, explicit: bool, responses: dict[int, list[str]]) -> list[int]:
+    """The pass@k values for given responses: each k needs every graded problem to have k responses.
+    Asked for with --k, a k beyond that is an error; else the config's are kept where they fit."""
+    from rewards import DataError
+
+    fewest = min(map(len, responses.values()))
+    if explicit and max(ks) > fewest:
+        index = min(responses, key=lambda i: len(responses[i]))
+        raise DataError(f"--k {','.join(map(str, ks))}: pass@{max(ks)} needs {max(ks)} responses per problem, and "
+                        f"problem {index} has {fewest}")
+    return [k for k in ks if k <= fewest] or [1]
+
+
+def grade_responses(task, problems: list, responses: dict[int, list[str]], ks: list[int], *, batch_size: int,
+                    answer_after: str = "") -> tuple[dict, list[dict]]:
+    """Grade responses written elsewhere, batch_size at a time (each batch within the grading
+    budget): (metrics, records) as evaluate returns them, for the problems that have responses,
+    each record with its problem's index."""
+    items = [(i, text) for i in sorted(responses) for text in responses[i]]
+    verdicts = []
+    for start in tqdm(range(0, len(items), batch_size), desc="grade", unit="batch"):
+        verdicts += grade_batch(task, [(problems[i], text) for i, text in items[start:start + batch_size]],
+                                answer_after=answer_after)
+    samples: dict[int, list[dict]] = {}
+    for (i, text), verdict in zip(items, verdicts):
+        samples.setdefault(i, []).append(sample_record(text, verdict))
+    records = [{"index": i, **problem_record(problems[i], samples[i], ks, None)} for i in sorted(samples)]
+    return summarize_domains(records, ks), records
 
 
 def writable(out: Path) -> None:
@@ -218,32 +338,31 @@ def writable(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot write there ({e.strerror}); choose another folder") from None
 
 
-def write_results(out: Path, args, cfg, settings: dict, metrics: dict, records: list[dict]) -> None:
+def write_results(out: Path, step: int, described: dict, metrics: dict, records: list[dict], heading: str) -> None:
+    """problems.jsonl, summary.json (metrics and the `described` settings) and TensorBoard scalars
+    at `step`; then the pass@k table, one per source when there are several, on stdout."""
     from torch.utils.tensorboard import SummaryWriter
 
     with (out / "problems.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    chunks = settings["chunking"]
-    described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
-                 "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
-                 "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
-                 "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
-                 "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
     (out / "summary.json").write_text(json.dumps({"metrics": metrics, "settings": described}, indent=1) + "\n")
-    step = args.step
-    if step is None:
-        name = Path(cfg.model).name
-        step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
     with SummaryWriter(str(out)) as tb:
         for key, value in metrics.items():
             tb.add_scalar(key, value, step)
-    print(f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
-          f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
-    print("| k | " + " | ".join(str(k) for k in cfg.eval_k) + " |")
-    print("|---" * (len(cfg.eval_k) + 1) + "|")
-    print("| pass@k | " + " | ".join(f"{100 * metrics[f'eval/pass@{k}']:.1f}%" for k in cfg.eval_k) + " |")
-    print(" ".join(f"{key[5:]} {value:.4f}" for key, value in metrics.items() if "pass@" not in key))
+    ks, domains = described["k"], Counter(r["domain"] for r in records if "domain" in r)
+    print(heading)
+    print("| k | " + " | ".join(str(k) for k in ks) + " |")
+    print("|---" * (len(ks) + 1) + "|")
+    print("| pass@k | " + " | ".join(f"{100 * metrics[f'eval/pass@{k}']:.1f}%" for k in ks) + " |")
+    print(" ".join(f"{key[5:]} {value:.4f}" for key, value in metrics.items()
+                   if "pass@" not in key and not key.startswith(tuple(f"eval/{d}/" for d in domains))))
+    if domains:
+        print("\n| domain | problems | accuracy | " + " | ".join(f"pass@{k}" for k in ks) + " |")
+        print("|---" * (len(ks) + 3) + "|")
+        for domain, count in domains.items():
+            print(f"| {domain} | {count} | {100 * metrics[f'eval/{domain}/accuracy']:.1f}% | "
+                  + " | ".join(f"{100 * metrics[f'eval/{domain}/pass@{k}']:.1f}%" for k in ks) + " |")
     print(f"wrote {out}/problems.jsonl, summary.json and TensorBoard events")
 
 

@@ -40,7 +40,7 @@ import time
 import unicodedata
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -52,7 +52,8 @@ class DataError(ValueError):
 @dataclass
 class Problem:
     prompt: str  # the user message, before any chat template
-    answer: str  # the gold answer as a string
+    answer: str  # the gold answer as a string (a code problem: which row's tests, "file:line")
+    domain: str = ""  # its source's name in a mixed run (--data a,b), which grades it; "" in a run of one source
 
 
 # ----------------------------------------------------------------------------- answer tags
@@ -94,7 +95,8 @@ class Verdict:
     reward: float  # 1.0 correct, else 0.0
     answer: str | None = None  # the extracted final answer, normalised; maj@n votes on it
     failure: str = ""  # "timeout", "budget" or "error" when the grader could not decide (reward 0)
-
+    details: dict = field(default_factory=dict)  # numbers the trainer and eval average over responses,
+    #                                              logged under their key: {"code/tests_passed": 0.5}
 
 
 def graded(grade, problem: Problem, response: str) -> Verdict:

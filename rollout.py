@@ -49,6 +49,7 @@ class Episode:
     problem: Problem
     reward: float = 0.0  # the task's verdict (0/1)
     grader_failed: bool = False  # the grader timed out or crashed, so reward is 0 by default
+    details: dict = field(default_factory=dict)  # the grader's numbers to log (Verdict.details)
     score: float = 0.0  # reward after shaping (e.g. DAPO overlong penalty); what advantages use
     advantage: float = 0.0  # set by the algorithm before the update
     chunks: list[Chunk] = field(default_factory=list)  # one per generate call (rollout order)

@@ -16,23 +16,34 @@ Any other `--data` is either
   question with answer. Graded by HF math-verify, or by your own function with
   `--reward path/to/file.py:function`; both run in worker processes under a time limit
   (rewards.py); or
+- a file of code problems (`CodeTask`), told apart by its first row, which has `tests` (or APPS's
+  `input_output`) instead of an answer: stdin/stdout pairs or function calls, graded by running
+  the response's last ```python block in the sandbox (code_grader.py, sandbox.py); or
 - `path/to/file.py:Class`, a task of your own: a subclass of `Task` built with no arguments
   (examples/task_small_sums.py).
 
-The official prompt templates of the papers (`--prompt-template`) are here too: they wrap a
-task's problems before training.
+Several sources, `--data running_sum,code.jsonl`, make one `MixedTask`: each problem carries its
+source's name (Problem.domain), and grading goes to that source. The official prompt templates of
+the papers (`--prompt-template`, `--code-template`) are here too: they wrap a task's problems
+before training.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import random
+import re
 import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
+from code_grader import CodeGrader, CodeTestsError, CodeVerdict, extract_program, parse_tests
 from rewards import (DataError, MathGraderPool, Problem, RewardFunction, Verdict, grade_countdown, grade_running_sum,
                      gold_answer, graded, plugin_spec)
+from sandbox import Limits, Sandbox, SandboxError, SandboxWarning, isolation_note
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "ground_truth", "solution")
@@ -56,6 +67,7 @@ class Task:
 
     name = "task"  # names the seeded splits, so two tasks never share a held-out split by accident
     budget = 0.0  # seconds grade_batch may spend on one batch; 0 = no limit
+    warnings: tuple[str, ...] = ()  # what the run should say at its start (rank 0): a weak sandbox
 
     def sample(self, rng: random.Random) -> tuple[Problem, object]:
         raise NotImplementedError(f"{type(self).__name__} defines neither sample(rng) nor splits()")
@@ -170,23 +182,74 @@ def builtin_splits(task: Task, seed: int = 0) -> tuple[list[Problem], list[Probl
 
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
               grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
-              reward: str = "") -> Task:
-    """--data -> its Task: a name of TASKS, path/to/file.py:Class, or a data file (graded by
-    math-verify, or by the --reward function)."""
+              reward: str = "", code: dict | None = None) -> Task:
+    """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
+    problems (CodeTask, built with `code`, its keyword arguments), or any other data file (graded
+    by math-verify, or by the --reward function)."""
     if data in TASKS:
         return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
     if plugin_spec(data):
         return load_task(data)
+    if is_code_file(data):
+        if reward:
+            raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
+                            f"graded by running them; drop --reward")
+        return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
     if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
         return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
                     f"file, nor path/to/file.py:Class")
 
 
+def domain_name(data: str) -> str:
+    """A --data source's name in a mixed run's metrics: a built-in task's name, else its file's
+    stem: "running_sum" -> "running_sum", "data/math500.jsonl" -> "math500", "my.py:Task" -> "my"."""
+    if data in TASKS:
+        return data
+    found = plugin_spec(data)
+    return (found[0] if found else Path(data)).stem
+
+
 def has_own_splits(data: str) -> bool:
     """Whether --data is a task with its own held-out split and grader (built in, or file.py:Class),
     rather than a data file."""
     return data in TASKS or plugin_spec(data) is not None
+
+
+class MixedTask(Task):
+    """Several sources in one run (`--data a,b,c --data-weights 0.5,0.3,0.2`): `sources` maps each
+    domain name (domain_name) to its task, `weights` to its share of the training prompts
+    (train.MixedStream draws them). A problem goes to the task of its Problem.domain; the domains of
+    a batch grade at once, each within the budget, so a slow one does not hold up the others."""
+
+    name = "mixed"
+
+    def __init__(self, sources: dict[str, Task], weights: dict[str, float]):
+        self.sources, self.weights = sources, weights
+        self.warnings = tuple(note for task in sources.values() for note in task.warnings)
+
+    def grade(self, problem: Problem, response: str) -> Verdict:
+        return graded(self.sources[problem.domain].grade, problem, response)
+
+    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
+        rows: dict[str, list[int]] = {}
+        for i, (problem, _) in enumerate(items):
+            rows.setdefault(problem.domain, []).append(i)
+
+        def grade(domain: str) -> list[Verdict]:
+            task = self.sources[domain]
+            return task.grade_batch([items[i] for i in rows[domain]], budget or task.budget)
+
+        verdicts: list = [None] * len(items)
+        with ThreadPoolExecutor(max(len(rows), 1)) as threads:
+            for domain, graded_rows in zip(rows, threads.map(grade, rows)):
+                for i, verdict in zip(rows[domain], graded_rows):
+                    verdicts[i] = verdict
+        return verdicts
+
+    def close(self) -> None:
+        for task in self.sources.values():
+            task.close()
 
 
 def load_task(spec: str) -> Task:
@@ -230,6 +293,10 @@ class FileTask(Task):
     def splits(self) -> tuple[list[Problem], list[Problem]]:
         return self.problems, []  # its held-out problems are another file's (--eval-data)
 
+    def read(self, path: str) -> list[Problem]:
+        """The problems of its --eval-data file."""
+        return load_file(path)
+
     def grade(self, problem: Problem, response: str) -> Verdict:
         return self.grader.grade_one(problem, response)
 
@@ -245,20 +312,24 @@ def load_file(path: str) -> list[Problem]:
     """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet
     (needs pyarrow), by their usual field names: prompt/problem/question, then
     answer/ground_truth/solution. Every error names the file, the line (row) and the field."""
+    return [Problem(prompt=_field(row, PROMPT_FIELDS, path, lineno),
+                    answer=gold_answer(_field(row, ANSWER_FIELDS, path, lineno))) for lineno, row in records(path)]
+
+
+def records(path: str) -> list[tuple[int, dict]]:
+    """(line or row number from 1, object) of each row of a data file, which must exist, hold
+    only objects and not be empty."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{path}: no such file (give --data running_sum, countdown, or a "
                         f".jsonl/.json/.parquet path)")
     rows = _rows(p)
-    problems = []
     for lineno, row in rows:
         if not isinstance(row, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        problems.append(Problem(prompt=_field(row, PROMPT_FIELDS, path, lineno),
-                                answer=gold_answer(_field(row, ANSWER_FIELDS, path, lineno))))
-    if not problems:
+    if not rows:
         raise DataError(f"{path}: the dataset is empty (no rows)")
-    return problems
+    return rows
 
 
 def _rows(p: Path) -> list[tuple[int, object]]:
@@ -314,6 +385,122 @@ def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
 
 
 
+# ----------------------------------------------------------------------------- code problems
+
+CODE_FIELDS = ("tests", "input_output")  # where a row keeps its tests (APPS and TACO: input_output, as JSON text)
+PROGRAM_FAILURES = ("timeout", "crash", "output_limit")  # how a program fails a test besides a wrong output
+GRADER_FAILURES = ("budget", "sandbox", "error")  # a CodeVerdict failure that is no fault of the program
+
+
+def is_code_file(path: str) -> bool:
+    """Whether a data file holds code problems: its first row has one of CODE_FIELDS. Of a JSONL
+    file only the first line is read, of a parquet file its schema; False for anything that is
+    not a readable data file (load_file then says why)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    if p.suffix.lower() == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+            return bool(set(CODE_FIELDS) & set(pq.read_schema(p).names))
+        except (ImportError, OSError, ValueError):  # no pyarrow, not parquet
+            return False
+    with p.open("rb") as f:
+        first = next((line for line in f if line.strip()), b"")
+    try:
+        row = json.loads(first)
+    except ValueError:  # a JSON list over several lines (or a bad line, which _rows names)
+        rows = _rows(p)
+        row = rows[0][1] if rows else None
+    if isinstance(row, list):  # a JSON list on one line
+        row = row[0] if row else None
+    return isinstance(row, dict) and any(row.get(name) is not None for name in CODE_FIELDS)
+
+
+class CodeTask(Task):
+    """Code problems from a data file: each row has a prompt and its tests, stdin/stdout pairs or
+    function calls (code_grader.parse_tests), and an optional `starter_code`; the prompt is put into
+    the `template` recipe (CODE_TEMPLATES; "" = as it is). A response scores 1 when the program of
+    its last ```python block passes every test, run in the sandbox (`isolation`, `timeout` seconds
+    and `memory` MiB per run) by `workers` threads, each batch within `budget` seconds. The share of
+    tests passed and how programs failed are Verdict.details; a program's failure (timeout, crash,
+    flood) is a wrong answer, only the grader's own (budget, sandbox error) counts as a grader failure.
+
+    A problem's answer names its row ("path:line") and the tests stay here, so that samples, logs
+    and the episodes gathered over ranks never carry megabytes of test data."""
+
+    name = "code"
+
+    def __init__(self, path: str, *, template: str = "", isolation: str = "auto", timeout: float = 5.0,
+                 memory: int = 1024, workers: int = 4, budget: float = 0.0):
+        self.template, self.budget = template, budget
+        self.tests: dict = {}  # Problem.answer -> its CodeTests
+        self.problems = self.read(path)
+        box, self.warnings = code_sandbox(isolation, Limits(timeout=timeout, memory=memory << 20))
+        self.grader = CodeGrader(box, workers)
+
+    def read(self, path: str) -> list[Problem]:
+        """The problems of a file of code problems (this task's, or its --eval-data); their tests
+        are kept here."""
+        problems = []
+        for lineno, row in records(path):
+            field = next((name for name in CODE_FIELDS if row.get(name) is not None), None)
+            if field is None:
+                raise DataError(f"{path}:{lineno}: missing field: expected one of {', '.join(CODE_FIELDS)} "
+                                f"(every row of a file of code problems has its tests)")
+            try:
+                tests = parse_tests(row[field], f"{path}:{lineno}: {field}")
+            except CodeTestsError as e:
+                raise DataError(str(e)) from None
+            key = f"{path}:{lineno}"
+            self.tests[key] = tests
+            prompt = _field(row, PROMPT_FIELDS, path, lineno)
+            problems.append(Problem(code_prompt(prompt, tests.fn_name, row.get("starter_code"), self.template), key))
+        return problems
+
+    def splits(self) -> tuple[list[Problem], list[Problem]]:
+        return self.problems, []  # its held-out problems are another file's (--eval-data)
+
+    def grade(self, problem: Problem, response: str) -> Verdict:
+        return self.grade_batch([(problem, response)], 0.0)[0]
+
+    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
+        known = [problem.answer in self.tests for problem, _ in items]
+        runs = iter(self.grader.grade_all([(response, self.tests[problem.answer])
+                                           for (problem, response), ok in zip(items, known) if ok], budget))
+        return [code_verdict(next(runs), response) if ok else Verdict(0.0, failure="error")
+                for (_, response), ok in zip(items, known)]
+
+
+def code_verdict(run: CodeVerdict, response: str) -> Verdict:
+    """A CodeVerdict as the trainer's Verdict. maj@n votes on the program; details hold the share of
+    tests passed and, 0 or 1 each, whether there was no program and how the program failed."""
+    program = extract_program(response)
+    details = {"code/tests_passed": run.fraction, "code/no_program": float(run.failure in ("no_code", "too_long")),
+               **{f"code/{failure}": float(run.failure == failure) for failure in PROGRAM_FAILURES}}
+    return Verdict(run.reward, program.strip() if program else None,
+                   run.failure if run.failure in GRADER_FAILURES else "", details)
+
+
+def code_sandbox(isolation: str, limits: Limits) -> tuple[Sandbox, tuple[str, ...]]:
+    """The sandbox code problems run in, and its warning when it isolates less than bwrap (said
+    once, by rank 0, rather than by every rank's warnings module). Programs need only the standard
+    library, so where our interpreter cannot serve (as root without bwrap, the programs' uid cannot
+    reach one under /root) the system's /usr/bin/python3 runs them."""
+    first_error = ""
+    for python in (sys.executable, "/usr/bin/python3"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SandboxWarning)
+                box = Sandbox(isolation, python=python, limits=limits)
+        except SandboxError as e:
+            first_error = first_error or str(e)
+            continue
+        note = isolation_note(box.isolation, box.root, box.passed_over, box.uid_base)
+        return box, (note,) if note else ()
+    raise DataError(f"--sandbox {isolation}: {first_error}")
+
+
 # ----------------------------------------------------------------------------- prompt templates
 
 # The instruction each paper's official code wraps a problem in (`--prompt-template NAME`), read
@@ -358,4 +545,49 @@ def with_template(problems: list[Problem], template: str) -> list[Problem]:
     if not template:
         return problems
     text = prompt_template(template)
-    return [Problem(text.replace("{problem}", p.prompt), p.answer) for p in problems]
+    return [dataclasses.replace(p, prompt=text.replace("{problem}", p.prompt)) for p in problems]
+
+
+# The recipes of code RL (`--code-template NAME`): for each, the prompt of a stdin/stdout problem and
+# of a function problem, with {problem} and, in the function form, {starter}: the row's starter_code
+# (LeetCode's "class Solution: ..."), else a line naming the function. The recipes choose the form by
+# the presence of starter code; here the tests choose it, which is the same on their data.
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+              "generate a correct Python program that matches the specification and passes all tests.")
+LCB_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your code "
+               "within delimiters.")
+LCB_STDIN = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test on "
+             "the sample inputs). Enclose your code within delimiters as follows.")
+LCB_ANSWER = "### Answer: (use the provided format with backticks)\n\n"
+PRIME_CODE = ("{problem}\n\nWrite Python code to solve the problem. Present the code in \n```python\nYour code\n```\n"
+              "at the end.")
+CODE_TEMPLATES = {
+    # rllm-org/rllm @ 2939f8c, rllm/data/utils.py fetch_live_code_bench_system_prompt with the constants of
+    # rllm/system_prompts.py (DeepCoder's training prompt): LiveCodeBench's with its system message inline,
+    # one more sentence for stdin, and the problem run straight into "### Format" (its problems end in a newline)
+    "deepcoder": (LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STDIN + " Ensure that when the python program runs, "
+                  "it reads the inputs, runs the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n"
+                  "```\n\n" + LCB_ANSWER,
+                  LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n" + LCB_ANSWER),
+    # LiveCodeBench/LiveCodeBench @ 0b6e5ff, lcb_runner/prompts/code_generation.py
+    # get_generic_question_template_answer; LiveCodeBench sends LCB_SYSTEM (and "You will NOT return anything
+    # except for the program.") as a system turn, which a run's one user message does not have
+    "lcb": ("### Question:\n{problem}\n\n### Format: " + LCB_STDIN + "\n```python\n# YOUR CODE HERE\n```\n\n" + LCB_ANSWER,
+            "### Question:\n{problem}\n\n### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n" + LCB_ANSWER),
+    # PRIME-RL/PRIME, README "Usage" (Eurus-2's code prompt): one instruction for both forms
+    "prime": (PRIME_CODE, PRIME_CODE),
+}
+_SLOT = re.compile(r"\{(problem|starter)\}")
+
+
+def code_prompt(problem: str, fn_name: str, starter, template: str) -> str:
+    """A code problem in the CODE_TEMPLATES recipe `template` ("" = as it is): the stdin form, or for
+    a function problem (fn_name) the call form with the starter code. Both slots are filled in one
+    pass, so a problem that contains "{starter}" stays as written."""
+    if not template:
+        return problem
+    stdin_form, call_form = CODE_TEMPLATES[template]
+    if not fn_name:
+        return _SLOT.sub(lambda m: problem, stdin_form)
+    starter = starter if isinstance(starter, str) and starter.strip() else f"# define {fn_name} here"
+    return _SLOT.sub(lambda m: problem if m.group(1) == "problem" else starter, call_form)

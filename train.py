@@ -61,6 +61,7 @@ from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_
 from plan import print_plan
 from rewards import grade_batch, overlong_penalty
 from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, sampler_correction
+from tasks import MixedTask
 
 
 # ============================================================================ rollout
@@ -83,7 +84,42 @@ class PromptStream:
         return out
 
 
-def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, cfg: Config,
+class MixedStream:
+    """A mixed run's prompts (--data a,b --data-weights ...): each batch of prompts draws its
+    sources by weight, one draw per prompt seeded by the batch's first position, and each source
+    hands out its own problems in its own PromptStream order. Where each source stands is trainer
+    state (state / load), so a resumed run draws the same sources and problems.
+
+    weights: {domain: share}, summing to 1. Batches must be asked for in order, from where the
+    stream stands: get(0, 16), get(16, 16), ...
+    """
+
+    def __init__(self, problems, weights: dict[str, float], seed: int):
+        self.seed, self.domains = seed, list(weights)
+        self.p = np.array([weights[d] for d in self.domains])
+        self.streams = {d: PromptStream([x for x in problems if x.domain == d], seed) for d in self.domains}
+        self.at, self.taken = 0, {d: 0 for d in self.domains}  # prompts handed out: all, and per source
+
+    def get(self, start: int, count: int) -> list:
+        if start != self.at:
+            raise RuntimeError(f"MixedStream: asked for prompt {start}, but it stands at {self.at} (ask in order)")
+        # the trailing 1 keeps these draws apart from PromptStream's [seed, epoch] permutations
+        drawn = np.random.default_rng([self.seed, start, 1]).choice(len(self.domains), size=count, p=self.p)
+        out = []
+        for d in (self.domains[i] for i in drawn):
+            out += self.streams[d].get(self.taken[d], 1)
+            self.taken[d] += 1
+        self.at += count
+        return out
+
+    def state(self) -> dict:
+        return {"at": self.at, "taken": dict(self.taken)}
+
+    def load(self, state: dict) -> None:
+        self.at, self.taken = state["at"], {d: state["taken"].get(d, 0) for d in self.domains}
+
+
+def collect_rollouts(lm, tokenizer, task, stream: PromptStream | MixedStream, data_pos: int, cfg: Config,
                      rank: int, world: int):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
@@ -91,14 +127,14 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
     kept, generated, rounds, dropped = [], [], 0, 0
     while True:
-        problems = stream.get(data_pos + rank * b_local, b_local)
+        problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
         first_group = data_pos + rank * b_local  # group ids unique over the run
         episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
                             first_group=first_group, batch_size=cfg.rollout_batch_size)
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
         for e, verdict in zip(episodes, verdicts):
-            e.reward, e.grader_failed = verdict.reward, bool(verdict.failure)
+            e.reward, e.grader_failed, e.details = verdict.reward, bool(verdict.failure), verdict.details
             e.score = shaped_score(e, cfg)
         episodes = [e for part in gather_objects(episodes, world) for e in part]
         data_pos += cfg.prompts_per_step
@@ -114,6 +150,8 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream, data_pos: int, c
         rounds += 1
     kept = kept[:cfg.prompts_per_step]
     stats = rollout_stats(generated, cfg.group_size)
+    if isinstance(stream, MixedStream):
+        stats.update(domain_stats(generated, stream.domains, cfg.group_size))
     if cfg.max_chunks > 1:
         stats["length/chunks"] = float(np.mean([len(e.chunks) for e in generated]))
     if cfg.dynamic_sampling:
@@ -142,7 +180,39 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
             "tokens/generated": lengths.sum(),
             "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
-            "length/truncated": float(np.mean([e.truncated for e in episodes]))}
+            "length/truncated": float(np.mean([e.truncated for e in episodes])), **detail_stats(episodes)}
+
+
+def detail_stats(episodes: list[Episode]) -> dict:
+    """The mean of each grader detail (Verdict.details) over the responses that have it:
+    {"code/tests_passed": 0.5} and {"code/tests_passed": 1.0} -> {"code/tests_passed": 0.75}; {} for
+    graders without details (the built-in ones)."""
+    values: dict[str, list] = {}
+    for e in episodes:
+        for name, value in e.details.items():
+            values.setdefault(name, []).append(value)
+    return {name: float(np.mean(v)) for name, v in values.items()}
+
+
+def domain_stats(episodes: list[Episode], domains: list[str], group_size: int) -> dict:
+    """A mixed run's metrics per source: prompts/<d> (its prompts in the batch), reward/<d>, and its
+    grader details with the domain after their first part (code/tests_passed -> code/<d>/tests_passed).
+    A source drawn for no prompt of the batch logs only its count, 0."""
+    out = {}
+    for d in domains:
+        mine = [e for e in episodes if e.problem.domain == d]
+        out[f"prompts/{d}"] = len(mine) // group_size
+        if mine:
+            out[f"reward/{d}"] = float(np.mean([e.reward for e in mine]))
+            out.update({per_domain(name, d): v for name, v in detail_stats(mine).items()})
+    return out
+
+
+def per_domain(name: str, domain: str) -> str:
+    """A metric's name for one source: ("code/tests_passed", "lcb") -> "code/lcb/tests_passed";
+    ("passed", "lcb") -> "passed/lcb"."""
+    head, _, tail = name.partition("/")
+    return f"{head}/{domain}/{tail}" if tail else f"{head}/{domain}"
 
 
 # ============================================================================ update
@@ -577,6 +647,8 @@ def main(argv=None) -> None:
             task, train_problems, heldout, tokenizer, hf_config, out, start = preflight(cfg)
             if first:
                 held.enter_context(lock(out))  # the run folder is this process's until it exits
+                for note in task.warnings:  # a weak sandbox, said once
+                    print(f"warning: {note}", file=sys.stderr, flush=True)
         except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
             sys.exit(f"error: {e}" if first else 1)
         error = ""
@@ -621,12 +693,13 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref_scorer, optimizer=optimizer, scheduler=scheduler,
                       algo=algo, cfg=cfg, autocast=autocast, pad_id=tokenizer.pad_token_id, rank=rank, world=world,
                       device=device)
-    step, data_pos = 0, 0
+    step, data_pos, mix_state = 0, 0, None
     if start is not None:
         state = load_trainer_state(start)
         load_train_state(start / "train_state", lm, optimizer)  # exact fp32 weights and AdamW
         scheduler.load_state_dict(state["scheduler"])
         step, data_pos = state["step"], state["data_pos"]
+        mix_state = state.get("mix")
         say(rank, f"resumed at step {step} (prompt {data_pos}) from {start}")
         overrides = {k: (v, getattr(cfg, k)) for k, v in saved_config(start).items()
                      if k not in ("resume", "out") and hasattr(cfg, k) and v != getattr(cfg, k)}
@@ -648,7 +721,12 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
         say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
-    stream = PromptStream(train_problems, cfg.seed)
+    if isinstance(task, MixedTask):
+        stream = MixedStream(train_problems, task.weights, cfg.seed)
+        if mix_state is not None:
+            stream.load(mix_state)
+    else:
+        stream = PromptStream(train_problems, cfg.seed)
     logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
@@ -658,7 +736,8 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     def save():
         save_dtype = {"auto": dtype, "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
         weights = full_state_dict(lm, save_dtype)  # every rank joins the gathers; rank 0 keeps them
-        state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world}
+        state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
+                 **({"mix": stream.state()} if isinstance(stream, MixedStream) else {})}
 
         def rank0_files(path):
             save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state,
