@@ -368,8 +368,12 @@ def graded_hostile(box, cases: dict[str, tuple[str, set[str], float]]) -> None:
     assert elapsed < LIMITS.timeout + SLACK
     assert sandbox_processes() == []
     assert workdirs() <= before_dirs
-    deadline = time.monotonic() + 3  # the kernel frees an ended IPC namespace's memory asynchronously
-    while meminfo("Shmem") > before_shm + 64 * MB and time.monotonic() < deadline:
+    # the kernel hands the memory of an ended batch back asynchronously: on this test's VM, right after
+    # a batch MemAvailable was 100-600 MB short with no process, cache or shared memory holding it, and
+    # came back at some 30 MB/s
+    deadline = time.monotonic() + 10
+    while (meminfo("Shmem") > before_shm + 64 * MB or meminfo("MemAvailable") < before_mem - 512 * MB) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     assert meminfo("Shmem") < before_shm + 64 * MB
     assert meminfo("MemAvailable") > before_mem - 512 * MB
