@@ -12,7 +12,6 @@ import ast
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
