@@ -101,7 +101,8 @@ def test_prompts_longer_than_the_context_are_refused(tmp_path):
 def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
     """Interrupted after step 2 (with a half-written row of step 3 in the logs, as a kill leaves
     it), `--resume RUN --max-steps 3` continues with the run's own flags and equals a 3-step run."""
-    flags = [*SMALL, "--eval-every", "0", "--save-every", "1", "--lr", "1e-3"]
+    # constant: a linear schedule ends at max_steps, so a 2-step run extended to 3 differs by design
+    flags = [*SMALL, "--eval-every", "0", "--save-every", "1", "--lr", "1e-3", "--lr-schedule", "constant"]
     train.main([*flags, "--max-steps", "3", "--out", str(tmp_path / "whole")])
     run = tmp_path / "cut"
     train.main([*flags, "--max-steps", "2", "--out", str(run)])
@@ -378,3 +379,14 @@ def test_dapo_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path)
         # every round samples 4 prompts; what was not dropped was kept (up to B = 4)
         assert r["dynamic/kept_groups"] == min(4, 4 * (rounds + 1) - r["dynamic/dropped_groups"])
         assert r["dynamic/kept_groups"] == 4 or rounds == 3
+
+
+def test_lr_schedule_warms_up_then_falls_linearly_to_zero():
+    """2 warm-up steps, then (by hand) 6 optimizer steps of 1 rollout batch each: 1 at the end of
+    warm-up, falling by 1/4 a step to 0 just past the last; constant stays at 1."""
+    linear = config.Config(warmup_steps=2, max_steps=6, mini_batches=1, epochs=1, lr_schedule="linear")
+    assert [train.lr_factor(s, linear) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    constant = replace(linear, lr_schedule="constant")
+    assert [train.lr_factor(s, constant) for s in range(7)] == [0.5] + [1.0] * 6
+    two = replace(linear, mini_batches=2, max_steps=3)  # K = 2 optimizer steps per batch: the same 6 steps
+    assert [train.lr_factor(s, two) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
