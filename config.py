@@ -42,7 +42,7 @@ class RunConfig:
     reward: str = ""  # grader of a data file: file.py:function (prompt, response, answer) -> float, run bounded; "" = math-verify
     eval_data: str = ""  # held-out file; built-in tasks use their own held-out split; mixed run: one entry per source, comma-separated, empty for a built-in task
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
-    max_steps: int = 400  # rollout batches (each gives K × μ optimizer steps)
+    max_steps: int = 150  # rollout batches (each gives K × μ optimizer steps)
     seed: int = 0  # fixes data order, sampling and everything else
     resume: str = ""  # continue a run: its folder (newest checkpoint), a checkpoints/step-N folder, or auto (--out's, if any)
     # --- task
@@ -73,10 +73,11 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "hf"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step)
+    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine is not yet measured there)
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
-    warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
+    warmup_steps: int = 5  # optimizer steps of linear warm-up, then the schedule
+    lr_schedule: str = "linear"  # after warm-up: linear (to 0 at the run's end, TRL's default) | constant (verl's default)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
     # --- any algorithm (each algorithm's own knobs come from algos/, see Config below)
@@ -95,7 +96,7 @@ class RunConfig:
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal; resample
     max_sampling_rounds: int = 3  # extra generation rounds dynamic sampling may use per step
     # --- eval
-    eval_every: int = 50  # steps between held-out evals (and one before step 1); 0 = off
+    eval_every: int = 25  # steps between held-out evals (and one before step 1); 0 = off
     eval_problems: int = 200  # held-out problems per eval; 0 = all
     eval_samples: int = 4  # n: samples per problem (avg@n, maj@n)
     eval_k: list = field(default_factory=lambda: [1, 4])  # pass@k values, each ≤ eval_samples
@@ -234,7 +235,8 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
-    "engine": dict(choices=("fast", "hf")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
+    "engine": dict(choices=("auto", "fast", "hf")),
+    "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64),
 }

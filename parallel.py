@@ -64,6 +64,11 @@ def parallel_mode(cfg, device) -> str:
     return "fsdp" if device.type == "cuda" else "ddp"
 
 
+# A process group that was initialised before train.main or eval.main ran (a notebook, a test
+# harness running several runs in one launch) is used as it is and outlives the run.
+_OWNED = []
+
+
 def setup_distributed(cfg):
     """(global rank, world size, this process's device), with the process group initialised
     whenever there is more than one rank or FSDP is asked for (FSDP needs one, even of size 1)."""
@@ -75,8 +80,9 @@ def setup_distributed(cfg):
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if parallel_mode(cfg, device) == "fsdp":
+        if parallel_mode(cfg, device) == "fsdp" and not dist.is_initialized():
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            _OWNED.append(dist.group.WORLD)
         return 0, 1, device
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -85,14 +91,18 @@ def setup_distributed(cfg):
         device = torch.device("cpu")
         # CPU ranks share the node's cores: oversubscribed threads make every rank slower.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
-    dist.init_process_group(backend, timeout=timeout)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout)
+        _OWNED.append(dist.group.WORLD)
     return dist.get_rank(), dist.get_world_size(), device
 
 
 def teardown() -> None:
     if dist.is_initialized():
         dist.barrier()  # no rank tears the group down while another still uses it
-        dist.destroy_process_group()
+        if _OWNED:
+            _OWNED.clear()
+            dist.destroy_process_group()
 
 
 def decoder_layers(lm) -> list:

@@ -354,7 +354,7 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
         phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
                                                                               shape.params * 4)], "load"))
     resident = resident_rows(cfg, shape, t)
-    if cfg.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it
+    if cfg.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it (auto is hf on a GPU)
         seqs = max(per_call * cfg.group_size, max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples
                    if cfg.eval_every else 0)
         resident += engine_rows(cfg, shape, t, seqs, (cfg.temperature, cfg.top_p, cfg.top_k))

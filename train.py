@@ -36,6 +36,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -618,6 +619,17 @@ def peak_memory(device, phase: str) -> dict:
     return {f"memory/{phase}_peak_gib": peak}
 
 
+def lr_factor(s: int, cfg: Config) -> float:
+    """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
+    lr_schedule linear a straight line from 1 to 0 just past the run's last optimizer step (the
+    form of TRL's default, transformers' get_linear_schedule_with_warmup)."""
+    warm = min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
+    if cfg.lr_schedule == "constant":
+        return warm
+    last = cfg.max_steps * cfg.mini_batches * cfg.epochs  # optimizer steps in the whole run
+    return min(warm, max(0.0, (last - s) / max(last - cfg.warmup_steps, 1)))
+
+
 def say(rank: int, *msg) -> None:
     if rank == 0:
         tqdm.write(" ".join(str(m) for m in msg))
@@ -685,8 +697,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         ref_scorer = wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world, device=device,
                           dtype=dtype, trainable=False)
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=cfg))
     say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters on {device} × {world} "
               f"rank(s), {mode}, compute {str(dtype)[6:]}; reference model: {'yes' if cfg.beta > 0 else 'none (beta = 0)'}")
 

@@ -17,3 +17,10 @@ def random_model_dir(tmp_path_factory):
     tok.save_pretrained(path)
     build_model(len(tok), seed=0, hidden=32, layers=2).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(random_model_dir, tmp_path_factory):
+    """The folder of the session's one 2-rank torchrun launch, every registered run done (tests/pair.py)."""
+    import pair
+    return pair.launch(tmp_path_factory.mktemp("two-ranks"), random_model_dir)

@@ -1,29 +1,24 @@
 """docs/math.md §7: GSPO, CISPO, SAPO, REINFORCE++-baseline, Clip-Cov, KL-Cov and the 80/20 entropy mask.
 
 Worked examples to 1e-6, each expected number computed here in plain Python from the formula, not
-by the code under test; one 2-rank torchrun launch that trains every new name for 2 steps. The
-update's independence of ranks and micro-batches is in tests/test_invariance.py (CASES).
-Run as a script under torchrun, this file is that launch's worker (see _train_each).
+by the code under test; every new name trained for 2 steps on 2 ranks (in the session's shared
+launch, tests/pair.py). The update's independence of ranks and micro-batches is in
+tests/test_invariance.py (CASES).
 """
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 import algos
+import pair
 import train
 from algos import LossInputs, cov, grpo, high_entropy, reinforce_pp, sapo
 from config import Config, validate
 from rewards import DataError, Problem
 from rollout import Chunk, Episode
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # docs/math.md §1's example: one group, R = [1, 0, 0, 1], three tokens each
 R = [1.0, 0.0, 0.0, 1.0]
@@ -348,36 +343,14 @@ SMOKE = [("--algo gspo", "pg/clipfrac"), ("--algo cispo", "pg/clipfrac"), ("--al
          ("--algo kl_cov", "cov/selected_frac"), ("--algo grpo --top-entropy-quantile 0.2", "entropy/high_frac"),
          ("--algo rover --top-entropy-quantile 0.2", "entropy/high_frac")]
 # 80 tokens: the shipped model's answers need ~50, so some are right and groups have a spread
-SMALL = ["--max-steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "80",
-         "--eval-every", "0"]
+for _i, (_flags, _) in enumerate(SMOKE):
+    pair.register(f"2025-{_i}", [*_flags.split(), *pair.SMALL, "--max-new-tokens", "80"])
 
 
-def _train_each(out: str, runs: list[str]) -> None:
-    """The torchrun worker: train.train for 2 steps with each run's flags in turn, in one process
-    group, so that the launch (about 10 s on 2 CPU cores) is paid once, not once per algorithm."""
-    setup, group = train.setup_distributed, []
-
-    def once(cfg):  # the process group outlives each run
-        if not group:
-            group.append(setup(cfg))
-        return group[0]
-
-    train.setup_distributed = once
-    for i, flags in enumerate(runs):
-        cfg = train.parse_config([*flags.split(), *SMALL, "--out", f"{out}/{i}"])
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)  # what train.main's lock would do
-        train.train(cfg, *train.preflight(cfg))
-    train.teardown()
-
-
-def test_torchrun_two_ranks_train_each_new_name(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(tmp_path),
-           *[flags for flags, _ in SMOKE]]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # this file imports the repo's modules
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_torchrun_two_ranks_train_each_new_name(two_rank_runs):
     for i, (flags, key) in enumerate(SMOKE):
-        lines = [json.loads(x) for x in (tmp_path / str(i) / "metrics.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in (pair.folder(two_rank_runs, f"2025-{i}") / "metrics.jsonl").read_text()
+                 .splitlines()]
         assert [x["step"] for x in lines] == [1, 2], flags
         k = cfg_for(flags.split()[1]).mini_batches
         for x in lines:
@@ -387,6 +360,3 @@ def test_torchrun_two_ranks_train_each_new_name(tmp_path):
         if "entropy" in key:
             assert all(0.15 < x[key] < 0.3 for x in lines), (flags, [x[key] for x in lines])
 
-
-if __name__ == "__main__":
-    _train_each(sys.argv[1], sys.argv[2:])

@@ -1,13 +1,12 @@
 """eval.py: docs/math.md §6 metrics on hand-made cases, and the stand-alone CLI end to end."""
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import eval as evaluation
+import pair
 from eval import majority, pass_at_k, problem_record, summarize
 from rewards import Problem
 
@@ -105,17 +104,17 @@ def test_cli_errors_name_the_problem(tmp_path):
         evaluation.main(["--model", str(tmp_path / "nope")])
 
 
-def test_torchrun_eval_of_a_benchmark_file_matches_one_process(tmp_path):
+BENCHMARK = ["--data", str(ROOT / "tests" / "fixtures" / "math500.jsonl"), "-n", "3", "--k", "1,3",
+             "--max-new-tokens", "16", "--batch-size", "6"]  # 2 problems per generate call: 3 batches
+pair.register("eval-math500", BENCHMARK, program="eval")
+
+
+def test_torchrun_eval_of_a_benchmark_file_matches_one_process(two_rank_runs, tmp_path):
     """math-verify grading inside 2 torchrun workers, and the ranks' records gathered in order:
     the same per-problem results as one process."""
-    args = ["--data", str(ROOT / "tests" / "fixtures" / "math500.jsonl"), "-n", "3", "--k", "1,3",
-            "--max-new-tokens", "16", "--batch-size", "6"]  # 2 problems per generate call: 3 batches
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "eval.py", *args,
-           "--out", str(tmp_path / "two")]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    two = json.loads((tmp_path / "two" / "summary.json").read_text())
-    one, records = run_eval([*args, "--out", str(tmp_path / "one")])
+    two_dir = pair.folder(two_rank_runs, "eval-math500")
+    two = json.loads((two_dir / "summary.json").read_text())
+    one, records = run_eval([*BENCHMARK, "--out", str(tmp_path / "one")])
     assert two["metrics"] == one["metrics"] and one["metrics"]["eval/grader_failures"] == 0
-    assert (tmp_path / "two" / "problems.jsonl").read_text() == (tmp_path / "one" / "problems.jsonl").read_text()
+    assert (two_dir / "problems.jsonl").read_text() == (tmp_path / "one" / "problems.jsonl").read_text()
     assert [r["gold"] for r in records][:2] == ["\\frac{7}{12}", "3\\sqrt{2}"]

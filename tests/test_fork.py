@@ -4,7 +4,7 @@ a plug-in reward runs bounded; every citation of the math resolves inside the re
 
 The 2-rank launches run train.py for 2 steps: the toy algorithm in a copy of the repository that
 differs from this one by the new file and the registry line; the reward and task examples through
-tests/test_algos_2025.py's worker, one process group for all of them.
+the session's shared launch (tests/pair.py), one process group for all of them.
 """
 import difflib
 import importlib.util
@@ -24,6 +24,7 @@ import torch
 
 import algos
 import config
+import pair
 import train
 from rewards import DataError, Problem, RewardFunction, Verdict
 from tasks import make_task
@@ -159,7 +160,7 @@ def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys
     (["--grade-workers", "0"], "grade_workers=0: must be ≥ 1 (grading worker processes per rank"),
     (["--grade-timeout", "0"], "grade_timeout=0.0: must be > 0 (seconds per grading"),
     (["--eval-top-p", "1.5"], "eval_top_p=1.5: must be > 0 and ≤ 1 (nucleus sampling at eval"),
-    (["--engine", "turbo"], "engine='turbo': choose one of fast, hf (who generates"),
+    (["--engine", "turbo"], "engine='turbo': choose one of auto, fast, hf (who generates"),
     (["--algo", "rover", "--rover-temp", "0"], "rover_temp=0.0: must be > 0 (ρ: Q = ρ · (logp − logp_old))"),
     (["--dual-clip", "0.5"], "dual_clip=0.5: must be > 1 (or 0.0: off)"),
     (["--algo", "clip_cov", "--clip-cov-lb", "6"], "clip_cov_lb (6.0) must be < clip_cov_ub (5.0)"),
@@ -263,27 +264,30 @@ def test_a_task_of_your_own_gets_seeded_splits_and_the_rules_of_a_task():
         make_task(f"{EXAMPLES / 'task_small_sums.py'}:Nope")
 
 
-def test_reward_and_task_examples_train_two_steps_on_two_ranks(tmp_path):
-    hostile = tmp_path / "hostile.py"
-    hostile.write_text(HOSTILE.replace('if "raise" in response', 'if len(response) % 3 == 0')
-                       .replace('if "hang" in response', 'if len(response) % 3 == 1'))
-    runs = [f"--data examples/sums.jsonl --reward examples/reward_number.py:closeness",
-            f"--data examples/sums.jsonl --reward {hostile}:reward --grade-timeout 1",
-            "--data examples/task_small_sums.py:SmallSums"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "test_algos_2025.py"), str(tmp_path), *runs]
-    start = time.monotonic()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stderr[-3000:]
-    closeness, hostile_run, task = (metrics(tmp_path / str(i)) for i in range(3))
+pair.register("fork-closeness", ["--data", "examples/sums.jsonl", "--reward", "examples/reward_number.py:closeness",
+                                  *SMALL])
+
+
+def _hostile_run(root):
+    """HOSTILE, made to raise or hang on 2/3 of the responses, as a --reward."""
+    (root / "hostile.py").write_text(HOSTILE.replace('if "raise" in response', 'if len(response) % 3 == 0')
+                                     .replace('if "hang" in response', 'if len(response) % 3 == 1'))
+    return ["--data", "examples/sums.jsonl", "--reward", f"{root}/hostile.py:reward", "--grade-timeout", "1", *SMALL]
+
+
+pair.register("fork-hostile", _hostile_run)
+pair.register("fork-task", ["--data", "examples/task_small_sums.py:SmallSums", *SMALL])
+
+
+def test_reward_and_task_examples_train_two_steps_on_two_ranks(two_rank_runs):
+    closeness, hostile_run, task = (metrics(pair.folder(two_rank_runs, f"fork-{name}"))
+                                    for name in ("closeness", "hostile", "task"))
     for lines in (closeness, hostile_run, task):
         assert [x["step"] for x in lines] == [1, 2] and all(math.isfinite(x["loss/total"]) for x in lines)
     assert all(x["reward/grader_failures"] == 0 for x in closeness + task)
     # responses of length 0 or 1 mod 3 raise or hang: about 2/3 of 16 fail each step, and count
     failures = [x["reward/grader_failures"] for x in hostile_run]
     assert all(n >= 4 for n in failures), failures
-    assert time.monotonic() - start < 240
 
 
 # ---------------------------------------------------------------- the math lives in the repository

@@ -2,17 +2,15 @@
 flag or file and the fix: no traceback, no model loaded, nothing written (no run folder, no lock,
 no output folder); under torchrun on 2 ranks the same, said once."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import config
 import eval as evaluation
+import pair
 import train
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def truncated_model(tmp_path: Path) -> Path:
@@ -86,14 +84,27 @@ def test_a_group_of_one_trains_where_no_group_baseline_is_needed():
 ON_TWO_RANKS = ["a flag's value", "out under a file", "eval, truncated weights"]
 
 
+def _register(case: str) -> None:
+    name = f"mistake-{ON_TWO_RANKS.index(case)}"
+    program, args, _ = CASES[case]
+
+    def flags(root):
+        (root / f"{name}-files").mkdir()
+        return args(root / f"{name}-files", root / name)
+    pair.register(name, flags, program=program.__name__)
+
+
+for _case in ON_TWO_RANKS:
+    _register(_case)
+
+
 @pytest.mark.parametrize("case", ON_TWO_RANKS)
-def test_under_torchrun_said_once(case, tmp_path):
-    """2 ranks: exit status 1, the line once on stderr, no traceback of ours, nothing written."""
-    program, args, says = CASES[case]
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"{program.__name__}.py",
-           *args(tmp_path, out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert r.returncode != 0 and r.stderr.count(says) == 1, r.stderr[-2000:]
-    assert f'File "{ROOT}' not in r.stderr  # no traceback through our code
-    assert not out.exists()
+def test_under_torchrun_said_once(case, two_rank_runs):
+    """2 ranks (the session's shared launch): each stops with sys.exit, rank 0 with the error line
+    (the interpreter prints it and exits with status 1), the other with status 1 alone, so the line
+    is said once; nothing written."""
+    name = f"mistake-{ON_TWO_RANKS.index(case)}"
+    said = pair.exits(two_rank_runs, name)
+    assert said.keys() == {0, 1} and said[1] == "1", said
+    assert said[0].startswith("error: ") and CASES[case][2] in said[0] and "\n" not in said[0], said
+    assert not (two_rank_runs / name).exists() and not (two_rank_runs / f"{name}-files" / "a_file" / "run").exists()

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 import eval as evaluation
 import config
+import pair
 import train
 from model import load_model
 from parallel import load_train_state
@@ -100,7 +101,8 @@ def test_prompts_longer_than_the_context_are_refused(tmp_path):
 def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
     """Interrupted after step 2 (with a half-written row of step 3 in the logs, as a kill leaves
     it), `--resume RUN --max-steps 3` continues with the run's own flags and equals a 3-step run."""
-    flags = [*SMALL, "--eval-every", "0", "--save-every", "1", "--lr", "1e-3"]
+    # constant: a linear schedule ends at max_steps, so a 2-step run extended to 3 differs by design
+    flags = [*SMALL, "--eval-every", "0", "--save-every", "1", "--lr", "1e-3", "--lr-schedule", "constant"]
     train.main([*flags, "--max-steps", "3", "--out", str(tmp_path / "whole")])
     run = tmp_path / "cut"
     train.main([*flags, "--max-steps", "2", "--out", str(run)])
@@ -150,13 +152,13 @@ def test_config_precedence(tmp_path):
     assert (c.lr, c.clip_high) == (1e-6, 0.25)  # YAML, then the command line wins
 
 
-def torchrun(out, *args) -> list[dict]:
-    """2 gloo ranks of train.py for 2 steps; the metrics.jsonl rows."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
-           "--max-steps", "2", "--out", str(out), *SMALL, *args]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return metrics(out)
+def on_two_ranks(name, *args) -> None:
+    """train.py on 2 gloo ranks for 2 steps, in the session's shared launch (tests/pair.py)."""
+    pair.register(name, ["--max-steps", "2", *SMALL, *args])
+
+
+def metrics_of(runs, name) -> list[dict]:
+    return metrics(pair.folder(runs, name))
 
 
 def metrics(out) -> list[dict]:
@@ -186,10 +188,13 @@ def same_run(a: list[dict], b: list[dict]) -> bool:
     return untimed[:len(a)] == untimed[len(a):]
 
 
-def test_torchrun_two_processes_smoke(tmp_path):
+on_two_ranks("smoke", "--algo", "grpo", "--eval-every", "2")
+
+
+def test_torchrun_two_processes_smoke(two_rank_runs, tmp_path):
     """The README's main command, shortened: default model and task, 2 gloo ranks, 2 steps."""
-    out = tmp_path / "run"
-    lines = torchrun(out, "--algo", "grpo", "--eval-every", "2")
+    out = pair.folder(two_rank_runs, "smoke")
+    lines = metrics(out)
     assert [x["step"] for x in lines] == [0, 1, 2]
     for key in ("reward/mean", "length/mean", "entropy/mean", "grad/norm", "time/rollout", "lr"):
         assert key in lines[1]
@@ -214,11 +219,16 @@ def test_torchrun_two_processes_smoke(tmp_path):
     assert all(alone[k] == pytest.approx(logged[k], abs=1e-6) for k in logged), (alone, logged)
 
 
-@pytest.mark.parametrize("algo,key", [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"),
-                                      ("psr", "pg/loss"), ("nsr", "pg/loss"), ("w_reinforce", "pg/loss")])
-def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
+SMOKES = [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"), ("psr", "pg/loss"), ("nsr", "pg/loss"),
+          ("w_reinforce", "pg/loss")]
+for _algo, _ in SMOKES:
     # 80 tokens: the shipped model's answers need ~50, so some are right and groups have a spread
-    lines = torchrun(tmp_path / algo, "--algo", algo, "--eval-every", "0", "--max-new-tokens", "80")
+    on_two_ranks(f"smoke-{_algo}", "--algo", _algo, "--eval-every", "0", "--max-new-tokens", "80")
+
+
+@pytest.mark.parametrize("algo,key", SMOKES)
+def test_torchrun_smoke_of_each_algorithm(algo, key, two_rank_runs):
+    lines = metrics_of(two_rank_runs, f"smoke-{algo}")
     assert [x["step"] for x in lines] == [1, 2]
     for x in lines:
         assert x["update/skipped"] == 0 and 0 < x["update/responses"] <= 16
@@ -227,12 +237,16 @@ def test_torchrun_smoke_of_each_algorithm(algo, key, tmp_path):
     assert lines[0]["update/optimizer_steps"] == k  # rover, pacs: K = 4 mini-batches of one group
 
 
+for _algo in ("delethink", "rover"):
+    on_two_ranks(f"markovian-{_algo}", "--algo", _algo, "--max-new-tokens", "32", "--max-chunks", "4",
+                 "--carryover", "16", "--chunk-head", "4", "--eval-every", "2", "--eval-max-chunks", "6")
+
+
 @pytest.mark.parametrize("algo", ["delethink", "rover"])
-def test_torchrun_markovian_thinking(algo, tmp_path):
+def test_torchrun_markovian_thinking(algo, two_rank_runs):
     """Chunks of C = 32 (the shipped model's answers need ~50 tokens), m = 16, h = 4: traces
     run over several chunks; every chunk is a training row; eval may use more chunks."""
-    lines = torchrun(tmp_path / algo, "--algo", algo, "--max-new-tokens", "32", "--max-chunks", "4",
-                     "--carryover", "16", "--chunk-head", "4", "--eval-every", "2", "--eval-max-chunks", "6")
+    lines = metrics_of(two_rank_runs, f"markovian-{algo}")
     assert [x["step"] for x in lines] == [0, 1, 2]
     for x in lines[1:]:
         assert 1 < x["length/chunks"] <= 4 and x["length/max"] <= 32 + 3 * 16
@@ -241,17 +255,21 @@ def test_torchrun_markovian_thinking(algo, tmp_path):
         # each chunk row is trained behind its own prompt: more than one prompt per trace
         assert x["tokens/forward"] > x["tokens/generated"] + x["update/responses"] * 20
     assert lines[2]["eval/length"] <= 32 + 5 * 16 and "eval/pass@2" in lines[2]
-    samples = [json.loads(x) for x in (tmp_path / algo / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (pair.folder(two_rank_runs, f"markovian-{algo}") / "samples.jsonl").read_text()
+               .splitlines()]
     traces = [s["chunks"] for s in samples if "chunks" in s]  # what each chunk of a trace wrote
     assert traces and all(2 <= len(t) <= 4 for t in traces)
     assert all(s["response"].endswith(s["chunks"][-1]) for s in samples if "chunks" in s)
 
 
-def test_a_step_that_keeps_no_row_is_skipped_on_every_rank(random_model_dir, tmp_path):
+on_two_ranks("skipped", "--algo", "psr", "--model", "{random_model}", "--eval-every", "0")
+
+
+def test_a_step_that_keeps_no_row_is_skipped_on_every_rank(random_model_dir, two_rank_runs):
     """A random model is never right, so PSR keeps nothing: both ranks skip both updates (a rank
     that did not would hang in DDP's all-reduce) and the weights stay as they were."""
-    out = tmp_path / "psr"
-    lines = torchrun(out, "--algo", "psr", "--model", random_model_dir, "--eval-every", "0")
+    out = pair.folder(two_rank_runs, "skipped")
+    lines = metrics(out)
     assert [x["update/skipped"] for x in lines] == [1, 1] and all(x["reward/mean"] == 0 for x in lines)
     start = load_file(str(Path(random_model_dir) / "model.safetensors"))
     end = load_file(str(out / "checkpoints" / "step-2" / "model.safetensors"))
@@ -284,31 +302,35 @@ def test_resume_continues_the_same_trajectory(random_model_dir, tmp_path):
         assert prompts(tmp_path / "a", step) == prompts(tmp_path / "b", step)
 
 
-def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(tmp_path):
+FSDP = ["--parallel", "fsdp", "--eval-every", "0", "--max-new-tokens", "60", "--save-every", "1"]
+on_two_ranks("fsdp", *FSDP)
+on_two_ranks("fsdp-resumed", *FSDP, "--resume", "{root}/fsdp/checkpoints/step-1")  # runs after "fsdp"
+
+
+def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(two_rank_runs, tmp_path):
     """FSDP over two one-rank "nodes" equals FSDP over 2 ranks of one node; its checkpoints load
     with from_pretrained; resumed from step 1 on 2 ranks, step 2 is replayed exactly; the train
     state written by 2 ranks loads into 1 (resharded) and a 1-rank resume runs on."""
-    fsdp = ["--parallel", "fsdp", "--eval-every", "0", "--max-new-tokens", "60", "--save-every", "1"]
-    nodes = two_nodes(tmp_path / "nodes", *fsdp)
-    assert same_run(torchrun(tmp_path / "one-node", *fsdp), nodes)
+    nodes = two_nodes(tmp_path / "nodes", *FSDP)
+    assert same_run(metrics_of(two_rank_runs, "fsdp"), nodes)
     assert any(x["grad/norm"] > 0 for x in nodes)  # the shipped model learns something in 2 steps
     step1, step2 = (tmp_path / "nodes" / "checkpoints" / f"step-{n}" for n in (1, 2))
     lm = AutoModelForCausalLM.from_pretrained(step2)  # a plain HF checkpoint, fp32 on CPU
     saved = load_file(str(step2 / "model.safetensors"))
     assert all(torch.equal(p, saved[n]) for n, p in lm.state_dict().items() if n in saved)
 
-    resumed = torchrun(tmp_path / "resumed", *fsdp, "--resume", str(step1))
+    resumed = metrics_of(two_rank_runs, "fsdp-resumed")  # from the 2-rank run's step 1, equal to the nodes'
     assert [x["step"] for x in resumed] == [2] and same_run(nodes[1:], resumed)
 
     # 2 ranks' shards -> 1 process: the exact fp32 weights and AdamW state after 2 steps (a fresh
     # AdamW that DCP initialises before loading would say step 1 and zero moments)
-    lm = load_model(str(tmp_path / "one-node" / "checkpoints" / "step-1"))
+    lm = load_model(str(pair.folder(two_rank_runs, "fsdp") / "checkpoints" / "step-1"))
     optimizer = torch.optim.AdamW(lm.parameters())
     load_train_state(step2 / "train_state", lm, optimizer)
     assert all(torch.equal(p, saved[n]) for n, p in lm.named_parameters() if n in saved)
     assert all(float(optimizer.state[p]["step"]) == 2 for p in lm.parameters())
     assert any(optimizer.state[p]["exp_avg_sq"].sum() > 0 for p in lm.parameters())
-    train.main([*SMALL, *fsdp, "--max-steps", "2", "--resume", str(step1), "--out", str(tmp_path / "alone")])
+    train.main([*SMALL, *FSDP, "--max-steps", "2", "--resume", str(step1), "--out", str(tmp_path / "alone")])
     assert [x["step"] for x in metrics(tmp_path / "alone")] == [2]
 
 
@@ -357,3 +379,14 @@ def test_dapo_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path)
         # every round samples 4 prompts; what was not dropped was kept (up to B = 4)
         assert r["dynamic/kept_groups"] == min(4, 4 * (rounds + 1) - r["dynamic/dropped_groups"])
         assert r["dynamic/kept_groups"] == 4 or rounds == 3
+
+
+def test_lr_schedule_warms_up_then_falls_linearly_to_zero():
+    """2 warm-up steps, then (by hand) 6 optimizer steps of 1 rollout batch each: 1 at the end of
+    warm-up, falling by 1/4 a step to 0 just past the last; constant stays at 1."""
+    linear = config.Config(warmup_steps=2, max_steps=6, mini_batches=1, epochs=1, lr_schedule="linear")
+    assert [train.lr_factor(s, linear) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    constant = replace(linear, lr_schedule="constant")
+    assert [train.lr_factor(s, constant) for s in range(7)] == [0.5] + [1.0] * 6
+    two = replace(linear, mini_batches=2, max_steps=3)  # K = 2 optimizer steps per batch: the same 6 steps
+    assert [train.lr_factor(s, two) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
