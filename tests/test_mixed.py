@@ -1,7 +1,9 @@
 """Mixed-domain runs (`--data a,b,c --data-weights ...`): the sources and their weights checked before
 anything loads, the seeded per-prompt draw of a source (train.MixedStream) and its exact resume,
-and per-domain metrics in training and eval, in one process on a random model. The same run on
-2 ranks, killed and resumed, is measured in the README ("Mixed domains")."""
+and per-domain metrics in training and eval, in one process on a random model; a mix on 2 ranks,
+resumed, in the session's shared launch (tests/pair.py). The issue's mix, running sums and
+countdown 0.5/0.5, is measured in the README ("Mixed domains"): 150 steps on 2 ranks, and the same
+run killed and resumed (its countdown split would cost this suite 3 s a run to build)."""
 import json
 from collections import Counter
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 
 import config
 import eval as evaluation
+import pair
 import train
 from rewards import DataError, Problem
 
@@ -109,3 +112,18 @@ def test_eval_reports_each_domain(tmp_path, capsys):
     assert capsys.readouterr().out.split("\n")[5:10] == [
         "", "| domain | problems | accuracy | pass@1 | pass@2 |", "|---|---|---|---|---|",
         "| math | 2 | 75.0% | 75.0% | 100.0% |", "| code | 1 | 0.0% | 0.0% | 0.0% |"]
+
+
+# 3 steps saving at step 2, and a run resumed from that checkpoint: its step 3 must be the other's
+MIX = ["--data", f"running_sum,{SMALL_SUMS}:SmallSums", "--data-weights", "0.5,0.5", "--model", "{random_model}",
+       *pair.SMALL, "--max-new-tokens", "24", "--max-steps", "3"]
+pair.register("mixed-whole", [*MIX, "--save-every", "2"])
+pair.register("mixed-resumed", [*MIX, "--resume", "{root}/mixed-whole/checkpoints/step-2"])
+
+
+def test_on_two_ranks_a_resumed_run_draws_the_same_sources(two_rank_runs):
+    whole, resumed = (metrics(pair.folder(two_rank_runs, f"mixed-{name}")) for name in ("whole", "resumed"))
+    assert [x["step"] for x in whole] == [1, 2, 3] and [x["step"] for x in resumed] == [3]
+    assert all(x["prompts/running_sum"] + x["prompts/task_small_sums"] == 4 for x in whole)
+    untimed = [{k: v for k, v in x.items() if not k.startswith("time/")} for x in (whole[2], resumed[0])]
+    assert untimed[0] == untimed[1]
