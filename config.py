@@ -71,6 +71,12 @@ class Config:
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then constant
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    # --- LoRA (lora.py; needs `pip install peft`)
+    lora_rank: int = 0  # r > 0: train rank-r adapters on the decoder's linear layers, the rest frozen; 0 = off (full fine-tune)
+    lora_alpha: float = 32.0  # α: the adapters' output is scaled by α/r (LoRA Without Regret keeps α = 32 for every r)
+    lora_targets: str = ""  # comma-separated linear layers to adapt (q_proj,v_proj); "" = every one of the decoder (never the LM head)
+    lora_lr_scale: float = 10.0  # with LoRA the learning rate is lr × this (LoRA Without Regret: the best LoRA lr is ~10× full fine-tuning's)
+    lora_save_merged: bool = False  # with LoRA every checkpoint also holds the merged HF weights (merged/); the last one always does
     # --- GRPO-family loss knobs (the --algo preset fills these; see algos/grpo.py)
     adv_norm: str = "group"  # group | batch (Lite PPO) | none (Dr. GRPO) | rloo
     std_estimator: str = "unbiased"  # unbiased (n − 1, TRL/verl) | population
@@ -281,6 +287,10 @@ def validate(cfg: Config, world: int) -> None:
          "dist_timeout, gpu_memory and plan_prompt_tokens > 0"),
         (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= budget(cfg),
          f"overlong_cache must be in [0, {budget(cfg)}] (the response budget; 0 = a fifth of it)"),
+        (cfg.lora_rank >= 0 and cfg.lora_alpha > 0 and cfg.lora_lr_scale > 0,
+         "lora_rank must be ≥ 0 (0 = off), lora_alpha and lora_lr_scale > 0"),
+        (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
+         "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
         (cfg.chunk_head >= -1, f"chunk_head={cfg.chunk_head}: give h ≥ 0, or -1 for min(100, carryover)"),
         (not cfg.eval_data or cfg.data not in BUILTIN_TASKS,
          f"--eval-data is the held-out file of a file task; --data {cfg.data} is built in and is "
@@ -305,6 +315,11 @@ def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
 def budget(cfg: Config) -> int:
     """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
     return chunking(cfg).budget(cfg.max_new_tokens)
+
+
+def learning_rate(cfg: Config) -> float:
+    """AdamW's learning rate: lr, times lora_lr_scale with LoRA. lr 1e-6, LoRA -> 1e-5."""
+    return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
 def eval_settings(cfg: Config) -> dict:
