@@ -76,6 +76,13 @@ def logprobs(lm, episodes) -> torch.Tensor:
 
 # ============================================================================ what trains
 
+def learner(scorer, lm, ref_scorer, optimizer, scheduler, cfg) -> train.Learner:
+    """One process on the CPU, fp32, as train.main builds it."""
+    return train.Learner(scorer=scorer, lm=lm, ref_scorer=ref_scorer, optimizer=optimizer, scheduler=scheduler,
+                         algo=algos.get(cfg.algo), cfg=cfg, autocast=nullcontext, pad_id=0, rank=0, world=1,
+                         device=CPU)
+
+
 def test_a_step_trains_the_adapters_only_and_adamw_holds_only_theirs(qwen2_dir):
     """A random Qwen2 with adapters on its 7 linear layers: one GRPO update with AdamW, built as
     train.main builds it; every base weight stays bitwise equal, every adapter tensor moves."""
@@ -84,8 +91,7 @@ def test_a_step_trains_the_adapters_only_and_adamw_holds_only_theirs(qwen2_dir):
     optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=1e-2)
     before = {k: v.clone() for k, v in lm.state_dict().items()}
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    train.update(ResponseLogProbs(lm), lm, None, optimizer, scheduler, algos.get("grpo"), make_episodes(), cfg,
-                 nullcontext, 0, 0, 1, CPU)
+    train.update(learner(ResponseLogProbs(lm), lm, None, optimizer, scheduler, cfg), make_episodes())
     after = lm.state_dict()
     adapters = [k for k in after if ".lora_" in k]
     assert len(adapters) == 2 * 7 * 2  # A and B of q, k, v, o, gate, up, down in 2 layers
@@ -144,9 +150,8 @@ def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
     cfg = config("grpo", {"lora_rank": 4, "beta": 0.04}, micro=4)
     scorer = ResponseLogProbs(fresh)
     optimizer = torch.optim.SGD([p for p in fresh.parameters() if p.requires_grad], lr=1.0)
-    out = train.update(scorer, fresh, AdaptersOff(scorer, adapters), optimizer,
-                       torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), algos.get("grpo"), episodes,
-                       cfg, nullcontext, 0, 0, 1, CPU)
+    out = train.update(learner(scorer, fresh, AdaptersOff(scorer, adapters), optimizer,
+                               torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), cfg), episodes)
     assert out["kl/k3"] == 0.0
 
 
@@ -274,7 +279,7 @@ def test_lora_mistakes_are_named_before_anything_loads(monkeypatch, tmp_path):
                           "decoder layers; choose from q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"), msg
     assert "lm_head is not a linear layer" in run_main(["--lora-rank", "8", "--lora-targets", "lm_head"])
     assert "give --lora-rank r" in run_main(["--lora-targets", "q_proj"])
-    assert "lora_rank must be ≥ 0" in run_main(["--lora-rank", "-1"])
+    assert "lora_rank=-1: must be ≥ 0" in run_main(["--lora-rank", "-1"])
     (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "/nowhere/base"}')
     msg = run_main(["--model", str(tmp_path), "--max-steps", "1"])
     assert msg == (f"error: --model {tmp_path}: its adapter_config.json names the base model '/nowhere/base', which "
