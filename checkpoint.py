@@ -3,7 +3,8 @@
 A run folder (--out):
     config.yaml  metrics.jsonl  samples.jsonl  events.out.tfevents.*   written by global rank 0
     .lock                          held by the process that trains in it (a second one is refused)
-    checkpoints/step-N/            a complete checkpoint: HF weights, tokenizer, trainer_state.pt,
+    checkpoints/step-N/            a complete checkpoint: HF weights (with LoRA: the adapter folder,
+                                   and in the last one merged/, HF weights), tokenizer, trainer_state.pt,
                                    train_config.yaml (the run's Config), train_state/ (DCP shards)
     checkpoints/.step-N.partial/   a checkpoint being written
     checkpoints/discarded/         checkpoints after the one a run was resumed from (set aside)
@@ -32,7 +33,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from model import unreadable
 from parallel import all_reduce_sum
 
-COMPLETE = ("config.json", "model.safetensors", "trainer_state.pt", "train_config.yaml", "train_state/.metadata")
+COMPLETE = ("trainer_state.pt", "train_config.yaml", "train_state/.metadata")  # every checkpoint, and its weights:
+WEIGHTS = {False: ("config.json", "model.safetensors"),  # a full fine-tune's HF folder
+           True: ("adapter_config.json", "adapter_model.safetensors")}  # LoRA's adapters (merged/: optional)
 LOGS = ("metrics.jsonl", "samples.jsonl")
 
 
@@ -89,14 +92,18 @@ def _loadable(path: Path) -> Path:
     def damaged(what: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path}: {what}; {advice}")
 
-    missing = [name for name in COMPLETE if not (path / name).is_file()]
+    lora = (path / "train_config.yaml").is_file() and bool(saved_config(path).get("lora_rank"))
+    missing = [name for name in WEIGHTS[lora] + COMPLETE if not (path / name).is_file()]
     if missing:
         raise damaged(f"incomplete, no {', '.join(missing)}")
     try:
         torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: all "unreadable"
         raise damaged(f"trainer_state.pt is truncated or corrupt ({type(e).__name__})") from None
-    problem = unreadable(path / "model.safetensors") or _shard_problem(path / "train_state")
+    # a LoRA checkpoint's merged/ copy, if any, too: named by its path in the checkpoint
+    problem = next((f"{w.parent.relative_to(path) / unreadable(w)}".removeprefix("./")
+                    for w in sorted(path.rglob("*.safetensors")) if unreadable(w)), "")
+    problem = problem or _shard_problem(path / "train_state")
     if problem:
         raise damaged(problem)
     return path

@@ -80,6 +80,12 @@ class RunConfig:
     lr_schedule: str = "linear"  # after warm-up: linear (to 0 at the run's end, TRL's default) | constant (verl's default)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    # --- LoRA (lora.py; needs `pip install peft`)
+    lora_rank: int = 0  # r > 0: train rank-r adapters on the decoder's linear layers, the rest frozen; 0 = off (full fine-tune)
+    lora_alpha: float = 32.0  # α: the adapters' output is scaled by α/r (LoRA Without Regret keeps α = 32 for every r)
+    lora_targets: str = ""  # comma-separated linear layers to adapt (q_proj,v_proj); "" = every one of the decoder (never the LM head)
+    lora_lr_scale: float = 10.0  # with LoRA the learning rate is lr × this (LoRA Without Regret: the best LoRA lr is ~10× full fine-tuning's)
+    lora_save_merged: bool = False  # with LoRA every checkpoint also holds the merged HF weights (merged/); the last one always does
     # --- any algorithm (each algorithm's own knobs come from algos/, see Config below)
     entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
     train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
@@ -228,7 +234,8 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "group_size": dict(at_least=1), "epochs": dict(at_least=1), "micro_batch_size": dict(at_least=1),
     "max_steps": dict(at_least=1), "max_new_tokens": dict(at_least=1), "temperature": dict(above=0),
     "train_on": dict(choices=TRAIN_ON), "max_chunks": dict(at_least=1), "eval_max_chunks": dict(at_least=0),
-    "chunk_head": dict(at_least=-1), "eval_temperature": dict(at_least=0), "eval_top_p": dict(above=0, at_most=1),
+    "chunk_head": dict(at_least=-1), "lora_rank": dict(at_least=0), "lora_alpha": dict(above=0),
+    "lora_lr_scale": dict(above=0), "eval_temperature": dict(at_least=0), "eval_top_p": dict(above=0, at_most=1),
     "eval_batch_size": dict(at_least=1), "eval_problems": dict(at_least=0), "grade_timeout": dict(above=0),
     "grade_workers": dict(at_least=1), "grade_budget": dict(at_least=0), "keep_checkpoints": dict(at_least=0),
     "max_tokens_per_micro_batch": dict(at_least=0), "rollout_batch_size": dict(at_least=0),
@@ -263,6 +270,8 @@ def validate(cfg: Config, world: int) -> None:
         (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= budget(cfg),
          f"overlong_cache must be in [0, {budget(cfg)}] (the response budget; 0 = a fifth of it)"),
         *data_checks(cfg),
+        (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
+         "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
     ]
     for ok, message in checks:
         if not ok:
@@ -418,6 +427,11 @@ def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
 def budget(cfg: Config) -> int:
     """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
     return chunking(cfg).budget(cfg.max_new_tokens)
+
+
+def learning_rate(cfg: Config) -> float:
+    """AdamW's learning rate: lr, times lora_lr_scale with LoRA. lr 1e-6, LoRA -> 1e-5."""
+    return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
 def eval_settings(cfg: Config) -> dict:

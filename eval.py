@@ -4,6 +4,7 @@
     python eval.py --model PATH --data math500.jsonl -n 64 --k 1,2,4,8,16,32,64 --preset paper
     python eval.py --config runs/X/config.yaml --model runs/X/checkpoints/step-100
                                        # what train.py's periodic eval logged at step 100
+                                       # (a LoRA checkpoint, an adapter folder: its base + the adapters, merged)
     python eval.py --config configs/tiny_delethink.yaml --max-chunks 12    # test-time scaling
     torchrun --nproc_per_node 2 eval.py ...                                 # same numbers, 2 ranks
     python eval.py --data running_sum,countdown                            # per-domain tables

@@ -20,10 +20,19 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from lora import adapter_base, merged
+
 
 def check_model_folder(path: str, trust_remote_code: bool = False):
     """(tokenizer, HF config) of a local model folder, before any weight is read; every problem
-    is a ValueError naming the folder and what it lacks (HF would say it tried the hub)."""
+    is a ValueError naming the folder and what it lacks (HF would say it tried the hub). A LoRA
+    adapter folder (lora.py) gives its base model's."""
+    base = adapter_base(path)
+    if base is not None:
+        if not Path(base, "config.json").is_file():
+            raise ValueError(f"--model {path}: its adapter_config.json names the base model {base!r}, which is not "
+                             f"a model folder here; set base_model_name_or_path there to the base model's folder")
+        return check_model_folder(base, trust_remote_code)
     folder = Path(path)
     needs = "a local HF model folder (config.json, model.safetensors or its index, tokenizer files)"
     if not folder.is_dir():
@@ -99,7 +108,12 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
     """A causal LM on `device`. Trainable: in train mode, so that HF's gradient checkpointing
     engages (it only does in train mode), with every dropout rate of its config set to 0, so
     that the π_old and π_θ forwards of the same weights are the same function. Frozen: eval
-    mode, no gradients."""
+    mode, no gradients. A LoRA adapter folder (lora.py): its base model with the adapters merged."""
+    base = adapter_base(path)
+    if base:
+        lm = load_model(base, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                        gradient_checkpointing=gradient_checkpointing, trainable=trainable)
+        return merged(lm, path).requires_grad_(trainable)  # peft froze the base it merged into
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     if trainable:  # every dropout rate a config names (dropout, attention_dropout, attn_pdrop, layerdrop, ...)
         for key, value in config.to_dict().items():
@@ -254,17 +268,26 @@ def check_logprobs(lm, ids: list[int], temperature: float, tol: float = 1e-3) ->
     return gap
 
 
-def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict, run_config: dict) -> None:
-    """An HF-loadable folder (config.json, model.safetensors with `weights`, the tokenizer) plus
-    what --resume reads: the trainer state (step, data position, scheduler, ranks) and the run's
-    Config (train_config.yaml)."""
+def save_hf(path: Path, *, config, tokenizer, weights: dict) -> None:
+    """config.json, model.safetensors with `weights` and the tokenizer: what from_pretrained loads."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "train_config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
     config = copy.deepcopy(config)
     config.dtype = next(iter(weights.values())).dtype  # what from_pretrained(dtype="auto") loads
     config.save_pretrained(path)
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(path)
+
+
+def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict, run_config: dict) -> None:
+    """An HF-loadable folder (save_hf) plus what --resume reads: the trainer state (step, data
+    position, scheduler, ranks) and the run's Config (train_config.yaml). No weights: a LoRA
+    checkpoint, whose adapter folder lora.save_adapter writes here (the tokenizer goes with it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "train_config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
+    if weights:
+        save_hf(path, config=config, tokenizer=tokenizer, weights=weights)
+    else:
+        tokenizer.save_pretrained(path)
     torch.save(trainer_state, path / "trainer_state.pt")
 
 
@@ -272,8 +295,8 @@ def load_trainer_state(path: Path) -> dict:
     return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=True)
 
 
-def count_parameters(model) -> str:
-    n = sum(p.numel() for p in model.parameters())
+def count_parameters(model, trainable: bool = False) -> str:
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
     return f"{n / 1e6:.2f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
 
 

@@ -27,7 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -170,28 +170,46 @@ def clip_grad_norm(params, max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-def full_state_dict(lm, dtype: torch.dtype) -> dict:
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly FSDP-sharded) one; a collective for a DTensor: every rank calls."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state_dict(lm, dtype: torch.dtype, lora_scale: float = 0.0) -> dict:
     """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
     Gathered one tensor at a time, so rank 0 never holds more than one full copy; a tied weight
-    (embeddings = LM head) is kept once, under its first name, as save_pretrained does."""
+    (embeddings = LM head) is kept once, under its first name, as save_pretrained does.
+    With LoRA layers in lm (lora.py), lora_scale = α/r: each adapted weight is merged on the side,
+    W + scale·B@A, under the base model's name (peft's <layer>.base_layer.weight ->
+    <layer>.weight); the adapters themselves are left out and the live weights are not touched."""
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    state = lm.state_dict(keep_vars=True)
     out, seen = {}, set()
-    for name, t in lm.state_dict(keep_vars=True).items():
-        if id(t) in seen:
+    for name, t in state.items():
+        if id(t) in seen or (lora_scale and ".lora_" in name):
             continue
         seen.add(id(t))
-        full = t.full_tensor() if isinstance(t, DTensor) else t  # a collective: every rank calls it
+        full = full_tensor(t)
+        stem = name.removesuffix(".base_layer.weight")
+        if lora_scale and stem != name:
+            a, b = (full_tensor(state[f"{stem}.lora_{x}.default.weight"]).double() for x in "AB")
+            full = full.double() + lora_scale * (b @ a)  # float64: rounded once, to `dtype`
         if rank0:
-            out[name] = full.detach().to("cpu", dtype).contiguous()
+            out[name.replace(".base_layer.", ".")] = full.detach().to("cpu", dtype).contiguous()
     return out
 
 
+# Only what trains goes into the train state: all of it in a full fine-tune; with LoRA the adapters,
+# since a resume loads the frozen base from --model again.
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+
+
 def save_train_state(path, lm, optimizer) -> None:
-    """fp32 weights and AdamW state as they lie (sharded under FSDP), every rank writing its part:
-    what --resume restores exactly, on this or any other number of ranks. An optimizer that has not
+    """fp32 trained weights and AdamW state as they lie (sharded under FSDP), every rank writing its
+    part: what --resume restores exactly, on this or any other number of ranks. An optimizer that has not
     stepped yet is left out: DCP would give it a zero-gradient step to have a state to save, and
     the run's first real step would then be bias-corrected as its second."""
-    state = {"model": get_model_state_dict(lm)}
+    state = {"model": get_model_state_dict(lm, options=TRAINED)}
     if optimizer.state:
         state["optimizer"] = get_optimizer_state_dict(lm, optimizer)
     dcp.save(state, checkpoint_id=str(path))
@@ -199,11 +217,12 @@ def save_train_state(path, lm, optimizer) -> None:
 
 def load_train_state(path, lm, optimizer) -> None:
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    state = {"model": get_model_state_dict(lm)}
+    state = {"model": get_model_state_dict(lm, options=TRAINED)}
     if any(key.startswith("optimizer.") for key in saved):
         state["optimizer"] = get_optimizer_state_dict(lm, optimizer)
-    dcp.load(state, checkpoint_id=str(path))  # reshards to this run's ranks
-    set_model_state_dict(lm, state["model"])
+    dcp.load(state, checkpoint_id=str(path))  # reshards to this run's ranks; a trained tensor it lacks is an error
+    # not strict: the frozen weights are not in it (they stay as loaded from --model)
+    set_model_state_dict(lm, state["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
     if "optimizer" in state:
         set_optimizer_state_dict(lm, optimizer, state["optimizer"])
 

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import algos
 from config import chunking
 from engine import graph_columns, graph_rows
+from lora import chosen
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
@@ -61,6 +63,7 @@ class Shape:
     vocab: int
     tied: bool  # LM head = input embedding
     qk_norm: bool  # an RMSNorm on every query and key head (Qwen3)
+    linears: tuple = ()  # (leaf name, in, out) of each nn.Linear of one decoder layer: what LoRA can adapt
 
     @property
     def root_params(self) -> int:
@@ -86,7 +89,9 @@ def shape_from_config(config, name: str) -> Shape:
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, vocab=text.vocab_size,
         tied=lm.get_output_embeddings().weight is lm.get_input_embeddings().weight,
-        qk_norm=any(n.endswith("q_norm") for n, _ in layers[0].named_modules()))
+        qk_norm=any(n.endswith("q_norm") for n, _ in layers[0].named_modules()),
+        linears=tuple((n.rsplit(".", 1)[-1], m.in_features, m.out_features) for n, m in layers[0].named_modules()
+                      if isinstance(m, nn.Linear)))
 
 
 def find_shape(model: str, trust_remote_code: bool = False) -> tuple[Shape, str]:
@@ -119,6 +124,12 @@ class Target:
     def act_bytes(self) -> int:
         """Activations: the compute dtype, except DDP under bf16 autocast, whose residual stream,
         norms and rotary outputs stay fp32 (its weights and embeddings are fp32)."""
+        return 4 if self.mode == "ddp" else self.bytes
+
+    @property
+    def frozen_bytes(self) -> int:
+        """Weights nothing trains (a reference model, a LoRA base): the dtype the policy's forward
+        sees (parallel.weights_dtype): the compute dtype under FSDP, fp32 under DDP."""
         return 4 if self.mode == "ddp" else self.bytes
 
     @property
@@ -175,26 +186,46 @@ class Phase:
         return sum(n for _, n in self.rows)
 
 
+def adapted(cfg, s: Shape) -> list:
+    """(leaf name, in, out) of each linear layer LoRA adapts in one decoder layer; [] without LoRA."""
+    if not cfg.lora_rank:
+        return []
+    names = chosen(cfg.lora_targets, list(dict.fromkeys(n for n, _, _ in s.linears)), s.name)
+    return [x for x in s.linears if x[0] in names]
+
+
+def lora_params(cfg, s: Shape) -> int:
+    """LoRA's trained parameters: r · (in + out) for each adapted linear layer of each decoder
+    layer (0 without LoRA). Qwen2.5-1.5B, r 32, all 7 layers: 28 · 32 · 41,216 = 36,929,536."""
+    return s.layers * sum(cfg.lora_rank * (i + o) for _, i, o in adapted(cfg, s))
+
+
 def resident_rows(cfg, s: Shape, t: Target) -> list:
     """What every phase holds: weights, AdamW moments (after the first step), the reference.
-    FSDP: everything sharded 1/world; DDP: replicated, plus its gradient buckets."""
+    FSDP: everything sharded 1/world; DDP: replicated, plus its gradient buckets. LoRA: a frozen
+    base in the dtype its forward sees, fp32 adapters, and no reference copy (lora.AdaptersOff)."""
     shard = t.world if t.mode == "fsdp" else 1
-    rows = [(f"policy weights, fp32{' (1/%d each)' % shard if shard > 1 else ''}", s.params * 4 / shard),
-            ("AdamW moments exp_avg + exp_avg_sq, fp32", s.params * 8 / shard)]
+    each = f" (1/{shard} each)" if shard > 1 else ""
+    trained = lora_params(cfg, s) or s.params  # what has gradients and AdamW moments
+    rows = ([(f"base weights, frozen, {_dtype(t.frozen_bytes)}{each}", s.params * t.frozen_bytes / shard),
+             (f"LoRA adapters, rank {cfg.lora_rank}, fp32{each}", trained * 4 / shard)] if cfg.lora_rank else
+            [(f"policy weights, fp32{each}", s.params * 4 / shard)])
+    rows.append(("AdamW moments exp_avg + exp_avg_sq, fp32", trained * 8 / shard))
     if t.mode == "ddp" and t.world > 1:
-        rows.append(("DDP gradient buckets, fp32", s.params * 4))
-    if cfg.beta > 0:
-        rows.append((f"reference model, {_dtype(t.bytes)}, frozen", s.params * t.bytes / shard))
+        rows.append(("DDP gradient buckets, fp32", trained * 4))
+    if cfg.beta > 0 and not cfg.lora_rank:
+        rows.append((f"reference model, {_dtype(t.frozen_bytes)}, frozen", s.params * t.frozen_bytes / shard))
     return rows
 
 
-def gathered_rows(s: Shape, t: Target) -> list:
+def gathered_rows(cfg, s: Shape, t: Target) -> list:
     """Weights a generate call runs on: under FSDP every layer gathered at once
-    (parallel.full_weights); DDP under bf16 autocast caches a bf16 copy of each matmul weight."""
+    (parallel.full_weights); DDP under bf16 autocast caches a bf16 copy of each matmul weight
+    that requires grad (with LoRA: only the adapters)."""
     if t.mode == "fsdp":
-        return [(f"all weights gathered, {_dtype(t.bytes)}", s.params * t.bytes)]
+        return [(f"all weights gathered, {_dtype(t.bytes)}", (s.params + lora_params(cfg, s)) * t.bytes)]
     if t.bytes == 2:
-        matmul = s.params - (0 if s.tied else s.vocab * s.hidden)  # all but an untied embedding
+        matmul = lora_params(cfg, s) or s.params - (0 if s.tied else s.vocab * s.hidden)  # all but an untied embedding
         return [("autocast's bf16 copies of the matmul weights", matmul * 2)]
     return []
 
@@ -210,7 +241,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
-    weights = gathered_rows(s, t)
+    weights = gathered_rows(cfg, s, t)
     if cfg.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
         prefilled = seqs // cfg.group_size if chunks == 1 else seqs  # a group's prompt is prefilled once
         copy = [("engine: one layer's prefill keys/values copied to every row", seqs * p * kv_token / s.layers)]
@@ -299,19 +330,22 @@ def _whole_groups(cfg) -> bool:
 def update_phases(cfg, s: Shape, t: Target) -> list:
     """Three moments of an optimizer step's work: the start of a micro-batch's backward (every
     saved activation, the log-prob head's backward), the backward through a decoder layer
-    (recomputed with gradient checkpointing), and the AdamW step."""
+    (recomputed with gradient checkpointing), and the AdamW step. With LoRA only the adapters
+    have gradients (none for the LM head), and each adapted layer also saves its [tokens, r] A x."""
     rows, length, response = micro_batch(cfg, t)
     tokens, b, a = rows * length, t.bytes, t.act_bytes
     shard = t.world if t.mode == "fsdp" else 1
-    state = [(f"gradients, fp32{' (1/%d each)' % shard if shard > 1 else ''}", s.params * 4 / shard)]
+    lora = lora_params(cfg, s)
+    state = [(f"gradients, fp32{' (1/%d each)' % shard if shard > 1 else ''}", (lora or s.params) * 4 / shard)]
     if t.mode == "fsdp":
         state += [(f"gathered root group (embeddings, norm, LM head), {_dtype(b)}", s.root_params * b),
-                  ("gathered decoder layers: current + prefetched", 2 * s.layer_params * b),
-                  (f"LM head gradient, unsharded {_dtype(b)}, until the root's reduce-scatter",
-                   s.vocab * s.hidden * b)]
+                  ("gathered decoder layers: current + prefetched", 2 * (s.layer_params + lora / s.layers) * b)]
+        state += [] if lora else [(f"LM head gradient, unsharded {_dtype(b)}, until the root's reduce-scatter",
+                                   s.vocab * s.hidden * b)]
     else:
-        state += gathered_rows(s, t)
-    per_layer = tokens * layer_activations(s, a) + rows * length ** 2 * a  # + the float attention mask
+        state += gathered_rows(cfg, s, t)
+    per_layer = (tokens * (layer_activations(s, a) + a * cfg.lora_rank * len(adapted(cfg, s)))
+                 + rows * length ** 2 * a)  # + the float attention mask
     saved = ([(f"checkpointed layer inputs, {rows} rows × {length} tokens", s.layers * tokens * s.hidden * a)]
              if cfg.gradient_checkpointing else
              [(f"saved activations, all layers, {rows} rows × {length} tokens", s.layers * per_layer)])
@@ -320,7 +354,8 @@ def update_phases(cfg, s: Shape, t: Target) -> list:
     chunk = min(logprob_chunk(cfg.logprob_chunk, s.vocab), rows * response)
     # model._chunk_stats casts the head weight to fp32 and gets its fp32 gradient in every
     # chunk's backward; in fp32 there is no cast, and the first chunk's gradient is .grad itself
-    head_copies = 2 if b != 4 else (1 if rows * response > chunk else 0)
+    # (a frozen head, LoRA's: the cast only)
+    head_copies = (b != 4) + (not lora and (b != 4 or rows * response > chunk))
     head = [(f"log-prob head backward: [{chunk}, vocab] fp32 tensors",
              chunk * s.vocab * 4 * (5 + 2 * (cfg.entropy_coef > 0))),
             ("LM head weight as fp32 and its fp32 gradient", s.vocab * s.hidden * 4 * head_copies)]
@@ -329,9 +364,11 @@ def update_phases(cfg, s: Shape, t: Target) -> list:
     # later ones replace saved tensors the backward has already used
     layer += [("a layer's backward: its first activation gradients", tokens * a * (s.intermediate + s.hidden))]
     if t.mode == "fsdp":
-        layer.append(("a layer's unsharded gradients + fp32 reduce-scatter input", s.layer_params * (b + 4)))
+        layer.append(("a layer's unsharded gradients + fp32 reduce-scatter input",
+                      (lora / s.layers if lora else s.layer_params) * (b + 4)))
+    largest = cfg.lora_rank * max((max(i, o) for _, i, o in adapted(cfg, s)), default=0) or s.vocab * s.hidden
     step = [("AdamW step temporaries (GPU foreach: one fp32 copy; CPU: two of the largest tensor)",
-             s.params * 4 / shard if t.device == "cuda" else 2 * 4 * s.vocab * s.hidden)]
+             (lora or s.params) * 4 / shard if t.device == "cuda" else 2 * 4 * largest)]
     return [Phase("update: start of backward (log-prob head)", state + saved + head, "update"),
             Phase("update: backward through a decoder layer", state + saved + layer, "update"),
             Phase("update: optimizer step", state[:1] + step, "update")]

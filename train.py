@@ -51,11 +51,12 @@ import checkpoint
 from algos import LossInputs
 from algos.high_entropy import high_entropy
 from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
-from config import (Config, budget, check_prompts_fit, chunking, eval_settings, load_problems, parse_config,
-                    validate)
+from config import (Config, budget, check_prompts_fit, chunking, eval_settings, learning_rate, load_problems,
+                    parse_config, validate)
 from eval import evaluate
+from lora import AdaptersOff, adapter_state, add_lora, check_targets, require_peft, save_adapter
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
-                   load_trainer_state, save_checkpoint)
+                   load_trainer_state, save_checkpoint, save_hf)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_state_dict,
                       full_weights, gather_objects, grad_sync, load_train_state, parallel_mode, save_train_state,
                       setup_distributed, teardown, weights_dtype, wrap)
@@ -646,6 +647,9 @@ def preflight(cfg: Config):
         sys.exit(print_plan(cfg))
     task, train_problems, heldout = load_problems(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
+    if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
+        require_peft("--lora-rank")
+        check_targets(hf_config, cfg.lora_targets)
     check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout)
     run, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
     return task, train_problems, heldout, tokenizer, hf_config, run, start
@@ -677,6 +681,34 @@ def main(argv=None) -> None:
             sys.exit(1)
 
 
+def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, world: int):
+    """(the policy lm, its peft model or None, the scorer train.update calls, the reference scorer
+    or None), on this rank's device, wrapped for DDP / FSDP2. What trains is held in fp32 (master
+    weights); with LoRA (lora.py) that is the adapters, peft's layers go into lm itself, which keeps
+    serving rollouts, the scorer and checkpoints, and the reference is that scorer with adapters off."""
+    dtype, mode = compute_dtype(cfg, device), parallel_mode(cfg, device)
+    # a LoRA checkpoint need not hold the base weights: a LoRA run loads them from --model, resumed or not
+    lm = load_model(str(cfg.model if cfg.lora_rank else start or cfg.model), device=device,
+                    trust_remote_code=cfg.trust_remote_code, gradient_checkpointing=cfg.gradient_checkpointing)
+    # before any step: our log-probs must be the model's own (an unknown logit transform stops here)
+    check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template)[0] + [tokenizer.eos_token_id],
+                   cfg.temperature)
+    adapters = None
+    if cfg.lora_rank:
+        adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model,
+                            dtype=weights_dtype(cfg, device), seed=cfg.seed)
+    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
+    if cfg.beta == 0:
+        return lm, adapters, scorer, None
+    if adapters is not None:  # the base itself: no second copy of the weights
+        return lm, adapters, scorer, AdaptersOff(scorer, adapters)
+    # frozen: no fp32 master copy, the weights as the policy's forward sees them
+    ref_lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
+                        trust_remote_code=cfg.trust_remote_code, trainable=False)
+    return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world,
+                                      device=device, dtype=dtype, trainable=False)
+
+
 def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out: Path, start: Path | None) -> None:
     rank, world, device = setup_distributed(cfg)
     out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
@@ -684,22 +716,14 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
 
     autocast, dtype, mode = autocast_context(cfg, device), compute_dtype(cfg, device), parallel_mode(cfg, device)
-    lm = load_model(str(start or cfg.model), device=device, trust_remote_code=cfg.trust_remote_code,
-                    gradient_checkpointing=cfg.gradient_checkpointing)  # fp32: the master weights
-    # before any step: our log-probs must be the model's own (an unknown logit transform stops here)
-    check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template)[0] + [tokenizer.eos_token_id],
-                   cfg.temperature)
-    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
-    ref_scorer = None
-    if cfg.beta > 0:  # frozen: no fp32 master copy, the weights as the policy's forward sees them
-        ref_lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
-                            trust_remote_code=cfg.trust_remote_code, trainable=False)
-        ref_scorer = wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world, device=device,
-                          dtype=dtype, trainable=False)
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    lm, adapters, scorer, ref_scorer = models(cfg, start, tokenizer, train_problems, device, world)
+    optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=learning_rate(cfg),
+                                  weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=cfg))
-    say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters on {device} × {world} "
-              f"rank(s), {mode}, compute {str(dtype)[6:]}; reference model: {'yes' if cfg.beta > 0 else 'none (beta = 0)'}")
+    trained = f", LoRA rank {cfg.lora_rank}: {count_parameters(lm, trainable=True)} trained" if adapters else ""
+    reference = "none (beta = 0)" if cfg.beta == 0 else "the base (adapters off)" if adapters else "yes"
+    say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters{trained} on {device} × {world} "
+              f"rank(s), {mode}, compute {str(dtype)[6:]}, lr {learning_rate(cfg):g}; reference model: {reference}")
 
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref_scorer, optimizer=optimizer, scheduler=scheduler,
                       algo=algo, cfg=cfg, autocast=autocast, pad_id=tokenizer.pad_token_id, rank=rank, world=world,
@@ -746,13 +770,20 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
 
     def save():
         save_dtype = {"auto": dtype, "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
-        weights = full_state_dict(lm, save_dtype)  # every rank joins the gathers; rank 0 keeps them
+        # every rank joins the gathers; rank 0 keeps them. LoRA: the adapters, and merged weights at the end
+        merge = adapters is None or cfg.lora_save_merged or step == cfg.max_steps
+        weights = full_state_dict(lm, save_dtype, cfg.lora_alpha / cfg.lora_rank if adapters else 0.0) if merge else {}
+        adapter = adapter_state(lm) if adapters else {}
         state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
                  **({"mix": stream.state()} if isinstance(stream, MixedStream) else {})}
 
         def rank0_files(path):
-            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=state,
-                            run_config=dataclasses.asdict(cfg))
+            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights={} if adapters else weights,
+                            trainer_state=state, run_config=dataclasses.asdict(cfg))
+            if adapters is not None:  # (a folder with both would make from_pretrained apply the adapters twice)
+                save_adapter(path, adapters, adapter)
+                if weights:
+                    save_hf(path / "merged", config=hf_config, tokenizer=tokenizer, weights=weights)
             weights.clear()  # rank 0's full CPU copy goes before the sharded state is written
 
         checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,

@@ -1,6 +1,7 @@
 """kill -9 at random moments, then --resume: issue 14's acceptance check, run by hand.
 
     python bench/kill_resume.py            # ~4 minutes on 2 CPU cores; exit status 1 if a trial fails
+    python bench/kill_resume.py --lora     # the same with LoRA adapters (rank 8, reference β 0.04)
 
 For 1 and 2 ranks: one uninterrupted reference run (tiny: 6 steps, a checkpoint every step), then
 trials that launch the same run in a fresh folder and SIGKILL every process of it at once (the
@@ -177,10 +178,11 @@ def finish(proc: subprocess.Popen) -> int | str:
         return "hung"
 
 
-def reference(ranks: int, tmp: Path) -> dict:
+def reference(ranks: int, tmp: Path, run_args: list[str], weights: str) -> dict:
+    """The uninterrupted run; its checkpoints' `weights` file (model.safetensors, or LoRA's adapters)."""
     run = tmp / f"ref-{ranks}"
     t0 = time.monotonic()
-    proc = launch(ranks, [*RUN, "--out", str(run)], tmp / f"ref-{ranks}.log")
+    proc = launch(ranks, [*run_args, "--out", str(run)], tmp / f"ref-{ranks}.log")
     first_row = last_save = None
     while proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
         if first_row is None and (run / "metrics.jsonl").is_file():
@@ -192,8 +194,8 @@ def reference(ranks: int, tmp: Path) -> dict:
         sys.exit(f"reference run on {ranks} rank(s) failed:\n{(tmp / f'ref-{ranks}.log').read_text()[-3000:]}")
     done, _ = checkpoint_dirs(run)
     return {"run": run, "wall": time.monotonic() - t0, "first_row": first_row, "last_save": last_save,
-            "step_s": (last_save - first_row) / STEPS,
-            "weights": {n: load_file(str(p / "model.safetensors")) for n, p in done.items()},
+            "step_s": (last_save - first_row) / STEPS, "args": run_args, "file": weights,
+            "weights": {n: load_file(str(p / weights)) for n, p in done.items()},
             "state": train_state(done[STEPS], tmp), "metrics": rows(run, "metrics.jsonl"),
             "samples": rows(run, "samples.jsonl")}
 
@@ -210,7 +212,7 @@ def wait_for(proc: subprocess.Popen, ready) -> bool:
 def trial(n: int, ranks: int, mode: str, target: int, delay: float, ref: dict, tmp: Path) -> dict:
     run = tmp / f"trial-{n}"
     root = run / "checkpoints"
-    args = [*RUN, *TRIAL_KEEP, "--out", str(run)]
+    args = [*ref["args"], *TRIAL_KEEP, "--out", str(run)]
     t0 = time.monotonic()
     proc = launch(ranks, args, tmp / f"trial-{n}.log")
     if mode == "write":
@@ -231,7 +233,7 @@ def trial(n: int, ranks: int, mode: str, target: int, delay: float, ref: dict, t
     r["newest"] = max(done, default=None)
     r["leftover"] = hidden
     r["unloadable"] = [f"step-{s}" for s, p in sorted(done.items()) if not loads(p)]
-    r["ckpts_equal_ref"] = all(same_tensors(load_file(str(p / "model.safetensors")), ref["weights"][s])
+    r["ckpts_equal_ref"] = all(same_tensors(load_file(str(p / ref["file"])), ref["weights"][s])
                                for s, p in done.items() if f"step-{s}" not in r["unloadable"])
 
     resume = ["--resume", str(run)] if done else ["--resume", "auto", *args]
@@ -243,7 +245,7 @@ def trial(n: int, ranks: int, mode: str, target: int, delay: float, ref: dict, t
     done, hidden = checkpoint_dirs(run)
     r["after_hidden"] = hidden
     final = done.get(STEPS)
-    r["weights_equal"] = final is not None and same_tensors(load_file(str(final / "model.safetensors")),
+    r["weights_equal"] = final is not None and same_tensors(load_file(str(final / ref["file"])),
                                                            ref["weights"][STEPS])
     r["state_equal"] = final is not None and same_tensors(train_state(final, tmp), ref["state"])
     metrics, samples = rows(run, "metrics.jsonl"), rows(run, "samples.jsonl")
@@ -281,6 +283,9 @@ def table(results: list[dict]) -> None:
 
 
 def main() -> int:
+    lora = "--lora" in sys.argv[1:]
+    run_args = [*RUN, "--lora-rank", "8", "--beta", "0.04"] if lora else RUN
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     start = time.monotonic()
@@ -289,7 +294,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kill-resume-") as tmp:
         tmp = Path(tmp)
         for ranks in (1, 2):
-            ref = reference(ranks, tmp)
+            ref = reference(ranks, tmp, run_args, weights)
             print(f"reference, {ranks} rank(s): first metrics row at {ref['first_row']:.1f} s, step-{STEPS} at "
                   f"{ref['last_save']:.1f} s ({ref['step_s']:.2f} s a step), exit at {ref['wall']:.1f} s", flush=True)
             for mode in MODES:

@@ -38,8 +38,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "assets")]
 import algos  # noqa: E402
 from config import Config, chunking  # noqa: E402
 from engine import Engine  # noqa: E402
+from lora import AdaptersOff, add_lora  # noqa: E402
 from model import ResponseLogProbs, load_model, load_tokenizer  # noqa: E402
-from parallel import autocast_context, compute_dtype, full_weights, parallel_mode, wrap  # noqa: E402
+from parallel import autocast_context, compute_dtype, full_weights, parallel_mode, weights_dtype, wrap  # noqa: E402
 from plan import estimate, shape_from_config  # noqa: E402
 from rewards import Problem  # noqa: E402
 from rollout import Sampling, generate  # noqa: E402
@@ -68,10 +69,12 @@ GPU_MODELS = {
                        tie_word_embeddings=True),
 }
 # Checkpointing on and off; the engine (--engine fast: its slab is resident); Markovian chunks (C = max_new_tokens / 2, m = C / 2, h = m / 4, I = 3)
-# with a reference model (beta > 0), which adds the prefix cache and the frozen model's rows.
+# with a reference model (beta > 0), which adds the prefix cache and the frozen model's rows; LoRA
+# adapters with the base as the reference (a frozen base, gradients and AdamW for the adapters only).
 VARIANTS = [("checkpointing", dict(gradient_checkpointing=True)), ("no checkpointing", dict()),
             ("markovian + reference", dict(gradient_checkpointing=True, beta=0.04, max_chunks=3)),
-            ("engine", dict(gradient_checkpointing=True, engine="fast"))]
+            ("engine", dict(gradient_checkpointing=True, engine="fast")),
+            ("lora + reference", dict(gradient_checkpointing=True, lora_rank=16, beta=0.04))]
 GPU_RUN = dict(prompts_per_step=8, group_size=8, micro_batch_size=8, plan_prompt_tokens=256, max_new_tokens=512,
                logprob_chunk=512, lr=1e-6, weight_decay=0.0, eval_every=0)
 
@@ -155,14 +158,21 @@ def setup(model_dir: str, cfg: Config, device) -> dict:
     and the reference model when beta > 0; `existing` lists the tensors alive before a phase."""
     dtype, mode = compute_dtype(cfg, device), parallel_mode(cfg, device)
     lm = load_model(model_dir, device=device, gradient_checkpointing=cfg.gradient_checkpointing)
+    adapters = None
+    if cfg.lora_rank:
+        adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=model_dir,
+                            dtype=weights_dtype(cfg, device), seed=cfg.seed)
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=1, device=device, dtype=dtype)
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    for p in lm.parameters():  # a zero-gradient step creates the moments without moving weights
+    trained = [p for p in lm.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    for p in trained:  # a zero-gradient step creates the moments without moving weights
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     ref, frozen = None, []
-    if cfg.beta > 0:
+    if cfg.beta > 0 and adapters is not None:  # LoRA: the base, adapters off (no frozen copy)
+        ref = AdaptersOff(scorer, adapters)
+    elif cfg.beta > 0:
         ref_lm = load_model(model_dir, dtype=dtype, device=device, trainable=False)
         ref = wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=1, device=device, dtype=dtype,
                    trainable=False)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import algos
+from lora import AdaptersOff, add_lora
 from model import ResponseLogProbs, load_model
 from rewards import Problem
 from rollout import Chunk, Episode
@@ -39,17 +40,35 @@ def make_episodes(seed=0, groups=3, g=4, chunked=False):
     return eps
 
 
+def policy(model_dir, cfg, gradient_checkpointing=False):
+    """(lm, peft model or None) as train.main builds them; with cfg.lora_rank the adapters' B is
+    drawn at random (peft starts it at 0), so that A gets a gradient too and the policy differs
+    from its reference, the base."""
+    lm = load_model(model_dir, gradient_checkpointing=gradient_checkpointing)
+    if not cfg.lora_rank:
+        return lm, None
+    adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=model_dir,
+                        dtype=torch.float32, seed=cfg.seed)
+    draw = torch.Generator().manual_seed(1)
+    for name, p in lm.named_parameters():
+        if ".lora_B." in name:
+            p.data.copy_(0.01 * torch.randn(p.shape, generator=draw))
+    return lm, adapters
+
+
 def one_update(model_dir, cfg, rank=0, world=1):
     torch.manual_seed(0)
-    lm = load_model(model_dir)
+    lm, adapters = policy(model_dir, cfg)
     scorer = ResponseLogProbs(lm)
     if world > 1:
         scorer = torch.nn.parallel.DistributedDataParallel(scorer)
     # SGD with lr 1: the parameter change is the gradient itself (Adam's first step would hide
     # a wrong gradient scale behind its sign-like normalisation).
-    opt = torch.optim.SGD(lm.parameters(), lr=1.0)
+    opt = torch.optim.SGD([p for p in lm.parameters() if p.requires_grad], lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    ref = ResponseLogProbs(load_model(model_dir, trainable=False)) if cfg.beta > 0 else None
+    ref = None
+    if cfg.beta > 0:  # LoRA: the base is the reference (the scorer with the adapters off)
+        ref = AdaptersOff(scorer, adapters) if adapters else ResponseLogProbs(load_model(model_dir, trainable=False))
     episodes = make_episodes(chunked=cfg.max_chunks > 1)
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref, optimizer=opt, scheduler=sched, algo=algos.get(cfg.algo),
                       cfg=cfg, autocast=nullcontext, pad_id=0, rank=rank, world=world, device=torch.device("cpu"))
