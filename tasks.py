@@ -568,12 +568,15 @@ CODE_TEMPLATES = {
     "deepcoder": (LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STDIN + " Ensure that when the python program runs, "
                   "it reads the inputs, runs the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n"
                   "```\n\n" + LCB_ANSWER,
-                  LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n" + LCB_ANSWER),
+                  LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
+                  + LCB_ANSWER),
     # LiveCodeBench/LiveCodeBench @ 0b6e5ff, lcb_runner/prompts/code_generation.py
     # get_generic_question_template_answer; LiveCodeBench sends LCB_SYSTEM (and "You will NOT return anything
     # except for the program.") as a system turn, which a run's one user message does not have
-    "lcb": ("### Question:\n{problem}\n\n### Format: " + LCB_STDIN + "\n```python\n# YOUR CODE HERE\n```\n\n" + LCB_ANSWER,
-            "### Question:\n{problem}\n\n### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n" + LCB_ANSWER),
+    "lcb": ("### Question:\n{problem}\n\n### Format: " + LCB_STDIN + "\n```python\n# YOUR CODE HERE\n```\n\n"
+            + LCB_ANSWER,
+            "### Question:\n{problem}\n\n### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
+            + LCB_ANSWER),
     # PRIME-RL/PRIME, README "Usage" (Eurus-2's code prompt): one instruction for both forms
     "prime": (PRIME_CODE, PRIME_CODE),
 }

@@ -358,7 +358,8 @@ def graded_hostile(box, cases: dict[str, tuple[str, set[str], float]]) -> None:
     is checked coarsely: other jobs on the machine move it by hundreds of MB."""
     before_mem, before_shm, before_dirs = meminfo("MemAvailable"), meminfo("Shmem"), workdirs()
     start = time.monotonic()
-    verdicts = CodeGrader(box, workers=len(cases)).grade_all([(fenced(program), SUM) for program, _, _ in cases.values()])
+    verdicts = CodeGrader(box, workers=len(cases)).grade_all([(fenced(program), SUM)
+                                                              for program, _, _ in cases.values()])
     elapsed = time.monotonic() - start
     print(f"\n  {box.isolation}: {len(cases)} program(s) in {elapsed:.2f} s")
     for (name, (_, allowed, reward)), verdict in zip(cases.items(), verdicts):
