@@ -47,6 +47,7 @@ sliding-window attention) is named by `Engine.unsupported`, and rollout.sample u
 """
 from __future__ import annotations
 
+import inspect
 import math
 import weakref
 from contextlib import contextmanager
@@ -82,16 +83,24 @@ def inference(lm):
         lm.train(was_training)
 
 
+def cache_kwarg(lm) -> str:
+    """The keyword under which `lm`'s forward and generate take a KV cache: `cache` where its forward
+    names it (transformers 5.24 does, deprecating `past_key_values`, which forward drops in 5.40),
+    else `past_key_values`. A peft model is asked about the model it wraps."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
     """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
     a new DynamicCache with every layer kept whole, sliding-window ones too, so that its columns
     line up with the padded ids), `chunk` columns a forward (0: all at once). Returns (the cache,
     float32 logits of the last column)."""
     cache = DynamicCache() if cache is None else cache
-    positions, step = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1]
+    positions, step, kwarg = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1], cache_kwarg(lm)
     for s in range(start, ids.shape[1], step):
         out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
-                 position_ids=positions[:, s:s + step], past_key_values=cache, use_cache=True, logits_to_keep=1)
+                 position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1, **{kwarg: cache})
         logits = out.logits[:, -1].float()
     return cache, logits
 

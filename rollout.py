@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessor
 
-from engine import Engine, forward_columns, inference
+from engine import Engine, cache_kwarg, forward_columns, inference
 from rewards import Problem
 
 
@@ -198,7 +198,7 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
         # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
         # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
         out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          past_key_values=cache, synced_gpus=False, logits_processor=[recorder])
+                          synced_gpus=False, logits_processor=[recorder], **{cache_kwarg(lm): cache})
     new = out[:, input_ids.shape[1]:]
     tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens) for resp in new.tolist()]
     return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
