@@ -126,8 +126,11 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
     # (top_k=50, repetition_penalty, ...) would otherwise fill every knob we leave unset.
     model.generation_config = GenerationConfig()
     model.config.use_cache = True
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if gradient_checkpointing:  # the new name (transformers 5.24 has it); the old one goes in v6
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
         return model.eval().requires_grad_(False)
     return model.train()
