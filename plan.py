@@ -36,6 +36,7 @@ from lora import chosen
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
+from rollout import engine_for
 
 SHAPES = Path(__file__).resolve().parent / "assets" / "shapes"
 GiB = 2 ** 30
@@ -114,37 +115,39 @@ def find_shape(model: str, trust_remote_code: bool = False) -> tuple[Shape, str]
 
 @dataclass(frozen=True)
 class Target:
-    """The machine a plan is for: what parallel.py would pick there."""
+    """The machine a plan is for: what parallel.py and rollout.py would pick there."""
     device: str  # cuda | cpu
     world: int  # ranks
     mode: str  # fsdp | ddp
     bytes: int  # compute dtype: 2 (bf16) or 4 (fp32)
+    engine: str  # who generates: fast (engine.py) | hf (generate); --engine auto resolved (rollout.engine_for)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The weights a forward runs on (parallel.weights_dtype): the compute dtype under FSDP, fp32
+        under DDP, whose bf16 autocast casts them only for its matmuls. Frozen weights (a reference
+        model, a LoRA base) are held in it."""
+        return 4 if self.mode == "ddp" else self.bytes
 
     @property
     def act_bytes(self) -> int:
-        """Activations: the compute dtype, except DDP under bf16 autocast, whose residual stream,
-        norms and rotary outputs stay fp32 (its weights and embeddings are fp32)."""
-        return 4 if self.mode == "ddp" else self.bytes
-
-    @property
-    def frozen_bytes(self) -> int:
-        """Weights nothing trains (a reference model, a LoRA base): the dtype the policy's forward
-        sees (parallel.weights_dtype): the compute dtype under FSDP, fp32 under DDP."""
-        return 4 if self.mode == "ddp" else self.bytes
+        """Activations: the weights' dtype: DDP under bf16 autocast keeps its residual stream, norms
+        and rotary outputs in fp32, as its weights and embeddings are."""
+        return self.weight_bytes
 
     @property
     def kv_bytes(self) -> int:
         """KV cache: the weights' dtype (HF's cache takes the dtype of its first key; under DDP
         rotary embeddings in fp32 make that fp32 even with autocast)."""
-        return 4 if self.mode == "ddp" else self.bytes
+        return self.weight_bytes
 
 
 def target_for(cfg, world: int, device_type: str) -> Target:
-    """cfg.parallel / cfg.precision resolved as parallel.py resolves them on that device:
-    auto, auto on cuda -> fsdp, bf16; on cpu -> ddp, fp32."""
+    """cfg.parallel / cfg.precision / cfg.engine resolved as parallel.py and rollout.py resolve them
+    on that device: auto, auto, auto on cuda -> fsdp, bf16, hf; on cpu -> ddp, fp32, fast."""
     device = torch.device(device_type)
     return Target(device_type, world, parallel_mode(cfg, device),
-                  torch.finfo(compute_dtype(cfg, device)).bits // 8)
+                  torch.finfo(compute_dtype(cfg, device)).bits // 8, engine_for(cfg.engine, device_type))
 
 
 def kv_token_bytes(s: Shape, t: Target) -> int:
@@ -207,14 +210,14 @@ def resident_rows(cfg, s: Shape, t: Target) -> list:
     shard = t.world if t.mode == "fsdp" else 1
     each = f" (1/{shard} each)" if shard > 1 else ""
     trained = lora_params(cfg, s) or s.params  # what has gradients and AdamW moments
-    rows = ([(f"base weights, frozen, {_dtype(t.frozen_bytes)}{each}", s.params * t.frozen_bytes / shard),
+    rows = ([(f"base weights, frozen, {_dtype(t.weight_bytes)}{each}", s.params * t.weight_bytes / shard),
              (f"LoRA adapters, rank {cfg.lora_rank}, fp32{each}", trained * 4 / shard)] if cfg.lora_rank else
             [(f"policy weights, fp32{each}", s.params * 4 / shard)])
     rows.append(("AdamW moments exp_avg + exp_avg_sq, fp32", trained * 8 / shard))
     if t.mode == "ddp" and t.world > 1:
         rows.append(("DDP gradient buckets, fp32", trained * 4))
     if cfg.beta > 0 and not cfg.lora_rank:
-        rows.append((f"reference model, {_dtype(t.frozen_bytes)}, frozen", s.params * t.frozen_bytes / shard))
+        rows.append((f"reference model, {_dtype(t.weight_bytes)}, frozen", s.params * t.weight_bytes / shard))
     return rows
 
 
@@ -242,7 +245,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
     weights = gathered_rows(cfg, s, t)
-    if cfg.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
+    if t.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
         prefilled = seqs // cfg.group_size if chunks == 1 else seqs  # a group's prompt is prefilled once
         copy = [("engine: one layer's prefill keys/values copied to every row", seqs * p * kv_token / s.layers)]
         return [Phase(f"{label}: prefill", weights + prefill_rows(cfg, s, t, prefilled, chunks) + copy, label),
@@ -391,7 +394,7 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
         phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
                                                                               shape.params * 4)], "load"))
     resident = resident_rows(cfg, shape, t)
-    if cfg.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it (auto is hf on a GPU)
+    if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it
         seqs = max(per_call * cfg.group_size, max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples
                    if cfg.eval_every else 0)
         resident += engine_rows(cfg, shape, t, seqs, (cfg.temperature, cfg.top_p, cfg.top_k))

@@ -42,6 +42,7 @@ from lora import AdaptersOff, add_lora  # noqa: E402
 from model import ResponseLogProbs, load_model, load_tokenizer  # noqa: E402
 from parallel import autocast_context, compute_dtype, full_weights, parallel_mode, weights_dtype, wrap  # noqa: E402
 from plan import estimate, shape_from_config  # noqa: E402
+from rollout import engine_for  # noqa: E402
 from rewards import Problem  # noqa: E402
 from rollout import Sampling, generate  # noqa: E402
 
@@ -180,7 +181,7 @@ def setup(model_dir: str, cfg: Config, device) -> dict:
 
     def existing():
         moments = [v for state in optimizer.state.values() for v in state.values()]
-        kept = Engine.of(lm).buffers() if cfg.engine == "fast" else []  # the slab, once a rollout made it
+        kept = Engine.of(lm).buffers() if engine_for(cfg.engine, device.type) == "fast" else []  # the slab, once made
         return [*lm.parameters(), *lm.buffers(), *moments, *frozen, *kept]
     return dict(lm=lm, scorer=scorer, optimizer=optimizer, ref=ref, existing=existing)
 

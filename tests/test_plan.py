@@ -94,8 +94,18 @@ def test_layer_activations_formula_matches_its_docstring():
 def test_cpu_plan_is_fp32_ddp_and_gpu_plan_bf16_fsdp():
     from plan import target_for
     cfg = Config()
-    assert target_for(cfg, 1, "cpu") == Target("cpu", 1, "ddp", 4)
-    assert target_for(cfg, 8, "cuda") == Target("cuda", 8, "fsdp", 2)
+    assert target_for(cfg, 1, "cpu") == Target("cpu", 1, "ddp", 4, "fast")  # --engine auto: the engine on CPU
+    assert target_for(cfg, 8, "cuda") == Target("cuda", 8, "fsdp", 2, "hf")
+
+
+def test_engine_auto_is_planned_as_the_generator_it_runs():
+    """--engine auto is planned as rollout.sample resolves it: the engine's slab on CPU, generate's
+    KV cache on CUDA."""
+    shape, _ = find_shape("models/Qwen2.5-1.5B-Instruct")
+    for device, runs in (("cpu", "fast"), ("cuda", "hf")):
+        auto, named = (estimate(Config(engine=e), shape, 1, device) for e in ("auto", runs))
+        assert auto == named
+        assert any(row.startswith("engine KV slab") for row, _ in auto[0]) == (runs == "fast")
 
 
 @pytest.mark.parametrize("name,params,layers,tied", [
