@@ -345,7 +345,7 @@ def without_group_baseline() -> list[str]:
 def data_checks(cfg: Config) -> list[tuple[bool, str]]:
     """What --data, --data-weights, --eval-data and --reward may be together, for each source."""
     srcs, mixed = sources(cfg), "," in cfg.data
-    names, evals = [domain_name(src) for src in srcs], held_out_files(cfg)
+    names, evals, weights = [domain_name(src) for src in srcs], held_out_files(cfg), weights_problem(cfg, len(srcs))
     checks = [
         (all(srcs), f"--data {cfg.data}: an empty source between commas"),
         (len(set(names)) == len(names), f"--data {cfg.data}: two sources have the same name ({', '.join(names)}); a "
@@ -356,7 +356,7 @@ def data_checks(cfg: Config) -> list[tuple[bool, str]]:
         (not cfg.data_weights or mixed,
          f"--data-weights weighs the sources of a mixed run; --data {cfg.data} is one source: drop --data-weights, "
          f"or give several sources (--data a,b)"),
-        (not weights_problem(cfg, len(srcs)), weights_problem(cfg, len(srcs))),
+        (not weights, weights),
         (len(evals) == len(srcs), f"--eval-data {cfg.eval_data}: {len(evals)} entries for the {len(srcs)} sources of "
                                   f"--data {cfg.data}: give one per source, in order, empty for a built-in task"),
     ]
@@ -471,10 +471,10 @@ def load_problems(cfg: Config):
         held = held[:cfg.eval_problems or None]
         if not isinstance(task, CodeTask):  # a code file's recipe (--code-template) chose its prompts
             problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
+        name = domain_name(src)
         if mixed:
-            name = domain_name(src)
             problems, held = ([dataclasses.replace(p, domain=name) for p in ps] for ps in (problems, held))
-        tasks[domain_name(src)] = task
+        tasks[name] = task
         train += problems
         heldout += held
     code_files = [src for src, task in zip(srcs, tasks.values()) if isinstance(task, CodeTask)]
