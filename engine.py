@@ -47,12 +47,16 @@ sliding-window attention) is named by `Engine.unsupported`, and rollout.sample u
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 
@@ -62,8 +66,9 @@ LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
 def graph_rows(live: int) -> int:
-    """Rows a compiled step runs for `live` live rows: the next power of two (few graphs). 5 -> 8."""
-    return 1 << (live - 1).bit_length() if live else 0
+    """Rows a compiled step runs for `live` live rows: the next power of two (few graphs), at least
+    2 (a size of 1 is a special case to the compiler: a graph of its own). 5 -> 8, 1 -> 2."""
+    return max(2, 1 << (live - 1).bit_length()) if live else 0
 
 
 def graph_columns(columns: int) -> int:
@@ -105,30 +110,49 @@ def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
     return cache, logits
 
 
-def truncated(z: torch.Tensor, sampling) -> torch.Tensor:
+@dataclass(frozen=True)
+class Mode:
+    """What a decode step branches on in Python, so one traced graph each: greedy or sampled, the
+    top-k cut (its k sizes a tensor) and whether top-p is on. The values that vary from call to
+    call, temperature and top-p, are device tensors (Engine.temperature, Engine.top_p): a Python
+    float would be a constant of the graph, and its second value a recompile whose lifted scalar
+    lives on the CPU, which turns CUDA graphs off for that graph."""
+    greedy: bool = False
+    top_k: int = 0
+    nucleus: bool = False
+
+    @classmethod
+    def of(cls, sampling) -> "Mode":
+        greedy = sampling.temperature == 0
+        return cls(greedy, 0 if greedy else sampling.top_k, not greedy and sampling.top_p < 1)
+
+
+def truncated(z: torch.Tensor, *, top_k: int = 0, top_p=None) -> torch.Tensor:
     """Temperature-scaled logits with what top-k, then top-p, removes set to -inf (HF's order and
-    rules: top-p drops the tokens whose higher-ranked mass already reaches top_p, never the top one)."""
-    if sampling.top_k:
-        kth = z.topk(min(sampling.top_k, z.shape[-1])).values[:, -1:]
+    rules: top-p drops the tokens whose higher-ranked mass already reaches top_p, never the top
+    one). top_p: a float or a 0-d/[1] tensor; None = off."""
+    if top_k:
+        kth = z.topk(min(top_k, z.shape[-1])).values[:, -1:]
         z = z.masked_fill(z < kth, -math.inf)
-    if sampling.top_p < 1:
+    if top_p is not None:
         sorted_z, order = z.sort(-1, descending=True)
         probs = sorted_z.softmax(-1)
-        z = z.scatter(-1, order, sorted_z.masked_fill(probs.cumsum(-1) - probs >= sampling.top_p, -math.inf))
+        z = z.scatter(-1, order, sorted_z.masked_fill(probs.cumsum(-1) - probs >= top_p, -math.inf))
     return z
 
 
-def draw(logits: torch.Tensor, sampling) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(logits: torch.Tensor, mode: Mode, temperature=1.0, top_p=1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(the next token of each row, its log_softmax(z/τ) over the whole vocabulary), on the device.
-    Temperature 0 is greedy. A draw is an exponential race, argmax p_i / E_i with E_i ~ Exp(1):
-    token i wins with probability p_i, as torch.multinomial's one draw, with no host check."""
-    z = logits / (sampling.temperature or 1.0)
-    if sampling.temperature == 0:
-        token = z.argmax(-1)
-    else:
-        probs = truncated(z, sampling).softmax(-1)
-        race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
-        token = (probs / race).argmax(-1)
+    A draw is an exponential race, argmax p_i / E_i with E_i = −log U_i ~ Exp(1): token i wins with
+    probability p_i, as torch.multinomial's one draw, with no host check. The uniforms come from
+    rand_like inside the expression, so that a compiler fuses them into the argmax instead of
+    materialising an fp32 [rows, vocab] noise tensor (U = 0 gives E = ∞: that token cannot win)."""
+    if mode.greedy:
+        token = logits.argmax(-1)
+        return token, logits.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+    z = logits / temperature
+    probs = truncated(z, top_k=mode.top_k, top_p=top_p if mode.nucleus else None).softmax(-1)
+    token = (probs / -torch.rand_like(probs).log()).argmax(-1)
     return token, z.log_softmax(-1).gather(-1, token[:, None])[:, 0]
 
 
@@ -142,21 +166,27 @@ def slab_attention(module, query, key, value, attention_mask, *, scaling, slab=N
     sliding-window layers): the mask comes from the slab's per-row start, not from the caller.
     Heads share kv heads as HF's repeat_kv pairs them (head h reads kv head h // (heads / kv_heads)),
     without repeating the keys. Scores and softmax in float32 (HF eager's softmax dtype); Gemma's
-    soft-capping before the mask."""
+    soft-capping before the mask.
+
+    The write names every (row, kv head, column) it sets in the whole slab buffer. Writing through
+    a slice, slab[:rows].index_copy_(...), is an in-place op on a view of a graph input, which the
+    compiler turns into a copy of the whole slice (all `capacity` columns of those rows) every step
+    whenever rows < slab rows; indices into the buffer itself stay one in-place write."""
     unknown = {k for k in kwargs if k not in ("position_ids", "use_cache", "cache_position")}
     if unknown:
         raise NotImplementedError(f"the engine's attention does not implement {sorted(unknown)}")
-    keys, values = slab.keys[module.layer_idx][:slab_rows], slab.values[module.layer_idx][:slab_rows]
-    keys.index_copy_(2, slab.col, key)
-    values.index_copy_(2, slab.col, value)
-    keys, values = keys[:, :, :slab_view], values[:, :, :slab_view]
     rows, heads, length, dim = query.shape
+    where = (torch.arange(rows, device=key.device)[:, None], torch.arange(key.shape[1], device=key.device), slab.col)
+    slab.keys[module.layer_idx].index_put_(where, key[:, :, 0])
+    slab.values[module.layer_idx].index_put_(where, value[:, :, 0])
+    keys = slab.keys[module.layer_idx][:rows, :, :slab_view]
+    values = slab.values[module.layer_idx][:rows, :, :slab_view]
     grouped = query.reshape(rows, keys.shape[1], heads // keys.shape[1] * length, dim)
     scores = (grouped @ keys.transpose(-1, -2)).float() * scaling  # [rows, kv_heads, group, view]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     column = torch.arange(slab_view, device=query.device)
-    visible = (column >= slab.start[:slab_rows, None]) & (column <= slab.col)
+    visible = (column >= slab.start[:rows, None]) & (column <= slab.col)
     if sliding_window is not None:
         visible &= column > slab.col - sliding_window
     scores = scores.masked_fill(~visible[:, None, None, :], -math.inf)
@@ -168,34 +198,38 @@ AttentionInterface.register(ATTENTION, slab_attention)
 
 
 class Engine:
-    """The KV slab, the step's buffers and the compiled steps of one model (see the module
-    docstring). `Engine.of(lm)` keeps one per model, so that its graphs outlive a rollout."""
+    """The KV slab, the step's buffers, the compiled steps and (when needed) the inference copy of
+    one model (see the module docstring). `Engine.of(lm)` keeps one per model, so that its graphs
+    outlive a rollout."""
 
     _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    compiles = 0  # graphs compiled for engine steps in this process, every engine together
 
     @classmethod
-    def of(cls, lm) -> "Engine":
-        if lm not in cls._per_model:
-            cls._per_model[lm] = cls(lm)
+    def of(cls, lm, compile: str = "auto") -> "Engine":
+        if lm not in cls._per_model or cls._per_model[lm].mode != compile:
+            cls._per_model[lm] = cls(lm, compile=compile)
         return cls._per_model[lm]
 
-    def __init__(self, lm, *, compile: bool | None = None, backend: str | None = "inductor"):
-        """compile: None = on CUDA only (inductor, reduce-overhead: CUDA graphs). The tests pass
-        compile=True with backend="eager", which traces the step with fullgraph=True and runs the
-        trace as it is (proof that it is capturable, on CPU), and backend=None, which keeps the
-        compiled engine's buckets but runs the step untraced (the reference for that trace)."""
+    def __init__(self, lm, *, compile: str = "auto"):
+        """compile: auto = inductor on CUDA (its CUDA graphs), off elsewhere | off: the eager step at
+        the exact sizes | eager: traced whole (fullgraph=True) and run as traced: proof on a CPU
+        that the CUDA path traces, with its exact dynamo options | inductor: compiled, with CUDA
+        graphs on CUDA | untraced: the compiled path's buckets, step untraced (the tests' reference
+        for a trace)."""
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"engine compile mode {compile!r}: choose one of {', '.join(COMPILE_MODES)}")
         self._model = weakref.ref(lm)  # Engine.of's cache must not keep the model alive
-        self.device = next(lm.parameters()).device
-        self.compiled = self.device.type == "cuda" if compile is None else compile
-        options = {"fullgraph": True, "backend": backend}
-        if self.device.type == "cuda" and backend == "inductor":
-            options["mode"] = "reduce-overhead"
-        else:
-            options["dynamic"] = False  # one trace per bucket, as the graphs are
-        self._compiled_step = torch.compile(self.step, **options) if self.compiled and backend else self.step
+        self.mode, self.device = compile, next(lm.parameters()).device
+        kind = ("inductor" if self.device.type == "cuda" else "off") if compile == "auto" else compile
+        self.compiled = kind != "off"
+        # The same dynamo options for every backend (dynamic left to dynamo: an int that changes
+        # becomes symbolic), so that a CPU trace with the eager backend recompiles exactly as CUDA's.
+        self._compiled_step = (torch.compile(self.step, fullgraph=True, dynamic=True, backend=counted_backend(kind, self.device))
+                               if kind in ("eager", "inductor") else self.step)
         self.keys, self.values = [], []  # per layer [rows, kv_heads, capacity, head_dim]
-        self.compilations = 0  # how many times compiled steps were started afresh (weights moved)
-        self._pointers = None
+        self.resets = 0  # how many times compiled steps were started afresh (a weight or the slab moved)
+        self._pointers, self._twin = None, None
 
     @staticmethod
     def unsupported(lm) -> str | None:
@@ -208,17 +242,37 @@ class Engine:
             return f"{config.model_type} has {sorted(kinds - LAYER_TYPES)} layers"
         return None
 
+    # ------------------------------------------------------------------ the weights it runs
+
+    def runner(self, lm) -> torch.nn.Module:
+        """The model the engine decodes with: lm itself when it is a plain model holding the weights
+        in the dtype it computes in; else the inference copy, with lm's current weights copied in.
+        lm needs the copy under FSDP (its hooks cannot be traced, and its gathered weights land in
+        new storage each time), with LoRA (the adapters are merged into the copy: one matmul per
+        layer instead of three) and when autocast computes in another dtype than the weights are
+        held in (DDP's fp32 master weights under bf16 autocast: the copy holds them in bf16 once,
+        instead of a cast of every weight at every step)."""
+        dtype = compute_dtype(lm)
+        if not needs_copy(lm, dtype):
+            return lm
+        if self._twin is None:
+            self._twin = inference_copy(lm, dtype)
+        refresh(self._twin, lm)
+        return self._twin
+
     # ------------------------------------------------------------------ buffers
 
     def _reserve(self, rows: int, capacity: int, like: DynamicCache) -> None:
         """Slab and step buffers for at least `rows` rows (+ one scratch row that dead bucket
         rows write to) and `capacity` columns; grown, never shrunk, so addresses stay put."""
-        if self.compiled:
-            capacity = graph_columns(capacity)
+        if self.compiled:  # one spare column: a view never spans the whole buffer, which the
+            capacity = graph_columns(capacity) + 1  # compiler would trace as a graph of its own
         have_rows, have_cols = (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
         if rows <= have_rows and capacity <= have_cols and self.keys[0].dtype == like.layers[0].keys.dtype:
             return
         rows, capacity = max(rows, have_rows), max(capacity, have_cols)
+        if self.keys and self.compiled:  # the graphs hold the old slab: let go of them first
+            self._reset()
         self.keys = self.values = None  # free the old slab before the new one is allocated
         # zeros, not empty: attention multiplies the unfilled columns it reads by a probability
         # of 0, and 0 · NaN from uninitialised memory would be NaN
@@ -232,6 +286,7 @@ class Engine:
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         self.out_tokens = torch.zeros(rows + 1, capacity, **long)  # row `rows`: the scratch row
         self.out_logp = torch.zeros(rows + 1, capacity, device=self.device)
+        self.temperature, self.top_p = torch.ones(1, device=self.device), torch.ones(1, device=self.device)
         if self.compiled:
             for t in self.buffers():
                 torch._dynamo.mark_static_address(t)
@@ -239,25 +294,30 @@ class Engine:
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor the engine keeps between calls (the memory plan counts them)."""
         return [*self.keys, *self.values] + ([self.start, self.token, self.live, self.col, self.t, self.done,
-                                              self.out_tokens, self.out_logp] if self.keys else [])
+                                              self.out_tokens, self.out_logp, self.temperature, self.top_p]
+                                             if self.keys else [])
+
+    def _reset(self) -> None:
+        torch.compiler.reset()
+        self.resets += 1
 
     def _fresh(self, lm) -> None:
         """Start the compiled steps afresh if a weight or the slab moved since they were compiled:
-        a captured graph reads the addresses it was captured with."""
+        a captured graph reads the addresses it was captured with. (The inference copy never moves;
+        a plain model moves only when something outside the engine puts a weight in new storage.)"""
         if not self.compiled:
             return
         pointers = tuple(p.data_ptr() for p in lm.parameters()) + tuple(k.data_ptr() for k in self.keys)
         if pointers != self._pointers:
-            torch.compiler.reset()
-            self.compilations += 1
+            self._reset()
         self._pointers = pointers
 
     # ------------------------------------------------------------------ the step
 
-    def _sample(self, logits: torch.Tensor, rows: int, sampling) -> None:
+    def _sample(self, logits: torch.Tensor, rows: int, mode: Mode) -> None:
         """Draw each row's next token from its logits and write it, its log-prob and its stop
         flag into the buffers, at output column t (then t + 1)."""
-        token, logp = draw(logits, sampling)
+        token, logp = draw(logits, mode, self.temperature, self.top_p)
         live = self.live[:rows]
         self.out_tokens.index_put_((live, self.t.expand(rows)), token)
         self.out_logp.index_put_((live, self.t.expand(rows)), logp)
@@ -265,13 +325,13 @@ class Engine:
         self.token[:rows] = token
         self.t += 1
 
-    def step(self, lm, rows: int, view: int, sampling) -> None:
+    def step(self, lm, rows: int, view: int, mode: Mode) -> None:
         """Feed every row's last token (into column col), then sample the next: the function a
-        CUDA graph captures. rows and view are fixed per graph; everything else is a buffer."""
+        CUDA graph captures. rows, view and mode are fixed per graph; everything else is a buffer."""
         position = self.col - self.start[:rows]
         logits = lm(input_ids=self.token[:rows, None], position_ids=position[:, None], use_cache=False,
-                         logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view).logits[:, -1].float()
-        self._sample(logits, rows, sampling)
+                    logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view).logits[:, -1].float()
+        self._sample(logits, rows, mode)
         self.col += 1
 
     # ------------------------------------------------------------------ around the step
@@ -300,19 +360,23 @@ class Engine:
         n, w = ids.shape
         lm = self._model()
         with inference(lm):
+            lm = self.runner(lm)
             cache, copies, logits = self.prefill(lm, ids, mask, prefix=prefix, chunk=prefill_chunk)
             self._reserve(self._bucket(n), w + budget, cache)
             for layer, k, v in zip(cache.layers, self.keys, self.values):
                 k[:n, :, :w], v[:n, :, :w] = layer.keys[copies], layer.values[copies]
             del cache
             self._fresh(lm)
+            mode = Mode.of(sampling)
+            self.temperature.fill_(sampling.temperature or 1.0)
+            self.top_p.fill_(sampling.top_p)
             self.stops = torch.tensor(stops, device=self.device)
             self.start[:n] = w - mask.sum(1)
             self.live[:n] = torch.arange(n, device=self.device)
             self.done[:n] = False
             self.col.fill_(w)
             self.t.zero_()
-            self._sample(logits, n, sampling)
+            self._sample(logits, n, mode)
             rows = self._bucket(n)
             self._kill(n, rows)
             check = 8 if self.device.type == "cuda" else 1
@@ -324,7 +388,7 @@ class Engine:
                         rows = self._leave(rows)
                         if not rows:
                             break
-                    self._compiled_step(lm, rows, self._view(w + t), sampling)
+                    self._compiled_step(lm, rows, self._view(w + t), mode)
             finally:
                 lm.set_attn_implementation(previous)
             return self.out_tokens[:n, :budget].tolist(), self.out_logp[:n, :budget].tolist()
@@ -360,3 +424,82 @@ class Engine:
             buffer[:live] = buffer[going]
         self._kill(live, target)
         return target
+
+
+COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
+
+
+def compile_count() -> int:
+    """Graphs compiled for engine steps so far in this process (the metric engine/compiles)."""
+    return Engine.compiles
+
+
+def counted_backend(kind: str, device: torch.device):
+    """The compiler backend of the engine's step, counting each graph it is handed: eager (run the
+    trace as it is), inductor (on CUDA with CUDA graphs: what mode="reduce-overhead" turns on), or
+    untraced (the step is not compiled at all: None)."""
+    if kind == "untraced":
+        return None
+
+    def compile_graph(gm, example_inputs):
+        Engine.compiles += 1
+        if kind == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+        return compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": device.type == "cuda"})
+    return compile_graph
+
+
+# ----------------------------------------------------------------------------- the inference copy
+
+def compute_dtype(lm) -> torch.dtype:
+    """The dtype lm's matmuls run in here: autocast's when it is on, else its weights' (under
+    FSDP's mixed precision, the gathered weights are already in the compute dtype)."""
+    device = next(lm.parameters()).device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return next(p for p in lm.parameters() if p.is_floating_point()).dtype
+
+
+def needs_copy(lm, dtype: torch.dtype) -> bool:
+    """Whether the engine decodes from an inference copy of lm (Engine.runner says why)."""
+    sharded = any(isinstance(m, FSDPModule) for m in lm.modules())
+    adapters = any(hasattr(m, "lora_A") for m in lm.modules())
+    held = {p.dtype for p in lm.parameters() if p.is_floating_point()}
+    return sharded or adapters or held != {dtype}
+
+
+def inference_copy(lm, dtype: torch.dtype) -> torch.nn.Module:
+    """A plain model of lm's class and config, its weights in `dtype` (uninitialised until
+    `refresh`), its buffers (rotary frequencies) in theirs: no hooks, no adapters, no grad."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    with torch.device("meta"):
+        twin = type(base)(copy.deepcopy(base.config))
+    twin.to_empty(device=next(lm.parameters()).device)
+    for p in twin.parameters():
+        p.data = p.data.to(dtype)
+    return twin.eval().requires_grad_(False)
+
+
+def refresh(twin, lm) -> None:
+    """Copy lm's current weights into its inference copy, in place (so that addresses never move):
+    a sharded weight gathered (every rank calls, in the same order), a LoRA layer merged,
+    W + scale · B A in float32 (Hu et al. 2021)."""
+    sources = dict(lm.named_modules())
+    for name, module in twin.named_modules():
+        source = sources[name]
+        for key, p in module.named_parameters(recurse=False):
+            weight = whole(getattr(source, key))
+            if key == "weight" and hasattr(source, "lora_A") and not getattr(source, "disable_adapters", False):
+                weight = weight.float()
+                for adapter in source.active_adapters:
+                    a, b = whole(source.lora_A[adapter].weight).float(), whole(source.lora_B[adapter].weight).float()
+                    weight = weight + source.scaling[adapter] * (b @ a)
+            p.copy_(weight)
+        for key, b in module.named_buffers(recurse=False):
+            b.copy_(whole(getattr(source, key)))
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's full value: a DTensor (a sharded FSDP weight outside a gather) all-gathered."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -28,6 +28,7 @@ class Sampling:
     max_new_tokens: int = 64
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
     engine: str = "hf"  # hf: HF generate, the reference | fast: engine.py, a capturable decode step | auto
+    engine_compile: str = "auto"  # the engine's step: auto (inductor on CUDA, off on CPU) | off | eager | inductor
 
 
 @dataclass
@@ -282,7 +283,7 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     row is cut after its first stop id."""
     ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
     stops, budget = stop_ids(tokenizer), sampling.max_new_tokens
-    tokens, logps = Engine.of(lm).decode(ids, mask, sampling=sampling, budget=budget, stops=stops,
+    tokens, logps = Engine.of(lm, sampling.engine_compile).decode(ids, mask, sampling=sampling, budget=budget, stops=stops,
                                          prefix=cache, prefill_chunk=sampling.prefill_chunk)
     cut = [cut_at_stop(t, stops, budget) for t in tokens]
     return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]

@@ -12,7 +12,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaFor
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from engine import Engine, draw, truncated
+from engine import Engine, Mode, draw, truncated
 from model import ResponseLogProbs
 from rollout import Chunk, Sampling, collate, sample
 
@@ -86,10 +86,11 @@ def test_step_compiles_whole_and_equals_eager(arch):
     (backend "eager" runs the traced ops as they are, so the same seed draws the same tokens).
     Rows stop at different steps, so the traced steps run in several row buckets."""
     lm = random_lm(arch)
-    rows = [p for p in prompts([3, 9, 12]) for _ in range(2)]  # 6 rows: buckets of 8, 4, 2, 1
-    eos = frequent_token([t for t, _ in engine_decode(Engine(lm), rows, Sampling(temperature=0, max_new_tokens=16), -1)])
-    eager, traced = Engine(lm, compile=True, backend=None), Engine(lm, compile=True, backend="eager")
+    rows = [p for p in prompts([3, 9, 12]) for _ in range(2)]  # 6 rows: buckets of 8, 4, 2
+    eager, traced = Engine(lm, compile="untraced"), Engine(lm, compile="eager")
     for sampling in (Sampling(temperature=0, max_new_tokens=16), Sampling(0.8, 0.9, 20, max_new_tokens=16)):
+        torch.manual_seed(3)
+        eos = frequent_token([t for t, _ in engine_decode(Engine(lm), rows, sampling, -1)])
         torch.manual_seed(3)
         expected = engine_decode(eager, rows, sampling, eos)
         torch.manual_seed(3)
@@ -97,7 +98,7 @@ def test_step_compiles_whole_and_equals_eager(arch):
         assert [t for t, _ in got] == [t for t, _ in expected]
         assert got == expected
         assert len({len(t) for t, _ in expected}) > 1  # rows stopped at different steps: buckets shrank
-    assert traced.compilations == 1  # traced once; the second call found the same weights and slab
+    assert traced.resets == 1  # traced once; the second call found the same weights and slab
 
 
 def test_new_weights_are_seen_and_moved_weights_recompile():
@@ -106,7 +107,7 @@ def test_new_weights_are_seen_and_moved_weights_recompile():
     compiled steps afresh. Either way the greedy tokens are HF generate's on the current weights."""
     lm = random_lm("qwen2")
     rows = prompts([4, 11, 7, 9])
-    engine = Engine(lm, compile=True, backend="eager")
+    engine = Engine(lm, compile="eager")
     greedy = Sampling(temperature=0, max_new_tokens=16)
 
     def agrees_with_hf() -> list:
@@ -122,10 +123,10 @@ def test_new_weights_are_seen_and_moved_weights_recompile():
     opt.step()
     lm.eval()
     after = agrees_with_hf()
-    assert after != before and engine.compilations == 1  # new values, same addresses
+    assert after != before and engine.resets == 1  # new values, same addresses
     lm.model.norm.weight.data = lm.model.norm.weight.data.clone() * 0.5
     agrees_with_hf()
-    assert engine.compilations == 2  # a moved weight: compiled afresh
+    assert engine.resets == 2  # a moved weight: compiled afresh
 
 
 def replace_engine(sampling: Sampling, engine: str) -> Sampling:
@@ -140,8 +141,11 @@ def test_recorded_log_probs_are_the_trainers(engine, temperature, top_k, top_p):
     init 0.3 the activations are ~15x larger and fp32 rounding alone differs by up to 2e-5.)"""
     lm = random_lm("qwen2", init=0.02)
     rows = [p for p in prompts([4, 10, 6]) for _ in range(3)]
+    sampling = Sampling(temperature, top_p, top_k, max_new_tokens=16, engine=engine)
     torch.manual_seed(1)
-    out = sample(lm, tokenizer(7), rows, Sampling(temperature, top_p, top_k, max_new_tokens=16, engine=engine))
+    eos = frequent_token([t for t, _ in sample(lm, tokenizer(-1), rows, sampling)])
+    torch.manual_seed(1)
+    out = sample(lm, tokenizer(eos), rows, sampling)
     assert len({len(t) for t, _ in out}) > 1  # some rows stopped early: their padding is not recorded
     batch = collate([Chunk(r, tokens) for r, (tokens, _) in zip(rows, out)], PAD, "cpu")
     with torch.no_grad():
@@ -164,8 +168,8 @@ def test_truncation_is_hf_top_k_then_top_p():
             expected = TopKLogitsWarper(k)(None, expected)
         if p < 1:
             expected = TopPLogitsWarper(p)(None, expected)
-        assert torch.equal(truncated(logits, Sampling(1.0, p, k)), expected), (k, p)
-    assert (draw(logits, Sampling(temperature=0))[0] == logits.argmax(-1)).all()
+        assert torch.equal(truncated(logits, top_k=k, top_p=p if p < 1 else None), expected), (k, p)
+    assert (draw(logits, Mode(greedy=True))[0] == logits.argmax(-1)).all()
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,kept", [(1.0, 0, 1.0, 6), (0.7, 4, 1.0, 4),
@@ -177,11 +181,11 @@ def test_draws_follow_hf_sampler_distribution(temperature, top_k, top_p, kept):
     (a false alarm at 5σ has probability < 1e-5 per token); tokens the warpers cut are never drawn."""
     n = 200_000
     logits = torch.tensor([[2.0, 1.5, 0.3, 0.0, -1.0, -3.0]])
-    sampling = Sampling(temperature, top_p, top_k)
     z = logits / temperature
-    expected = truncated(z, sampling).softmax(-1)[0]
+    expected = truncated(z, top_k=top_k, top_p=top_p if top_p < 1 else None).softmax(-1)[0]
     torch.manual_seed(0)
-    ours = draw(logits.expand(n, -1), sampling)[0]
+    ours = draw(logits.expand(n, -1), Mode.of(Sampling(temperature, top_p, top_k)), torch.tensor([temperature]),
+                torch.tensor([top_p]))[0]
     hf_z = z.expand(n, -1).clone()
     if top_k:
         hf_z = TopKLogitsWarper(top_k)(None, hf_z)

@@ -158,9 +158,10 @@ def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
 # ============================================================================ rollouts
 
 def test_the_engine_step_compiles_whole_with_lora_layers_and_sees_them():
-    """peft's LoRA layers inside the engine's step: torch.compile(fullgraph=True) traces it (no
-    graph break: capturable as one CUDA graph), the trace writes what the eager step writes, and
-    greedy it writes what HF generate writes on the adapted model, not what the base writes."""
+    """With peft's LoRA layers in the model, the engine decodes from its inference copy with the
+    adapters merged (W + (α/r)·B A): torch.compile(fullgraph=True) traces that step (no graph
+    break: capturable as one CUDA graph), the trace writes what the eager step writes, and greedy it
+    writes what HF generate writes on the adapted model (peft's layers), not what the base writes."""
     lm = random_lm("qwen2")
     rows = [p for p in prompts([3, 9, 5, 12, 7]) for _ in range(2)]
     greedy = Sampling(temperature=0, max_new_tokens=24)
@@ -171,7 +172,7 @@ def test_the_engine_step_compiles_whole_with_lora_layers_and_sees_them():
         if ".lora_B." in name:
             p.data.copy_(0.05 * torch.randn(p.shape, generator=draw))
     eos = frequent_token([t for t, _ in engine_decode(Engine(lm), rows, greedy, -1)])
-    eager, traced = Engine(lm, compile=True, backend=None), Engine(lm, compile=True, backend="eager")
+    eager, traced = Engine(lm, compile="untraced"), Engine(lm, compile="eager")
     for sampling in (greedy, Sampling(0.8, 0.9, 20, max_new_tokens=24)):
         torch.manual_seed(3)
         expected = engine_decode(eager, rows, sampling, eos)
