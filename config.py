@@ -74,6 +74,7 @@ class RunConfig:
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
     engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine is not yet measured there)
+    engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then the schedule
@@ -242,7 +243,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
-    "engine": dict(choices=("auto", "fast", "hf")),
+    "engine": dict(choices=("auto", "fast", "hf")), "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
     "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64),
@@ -272,6 +273,9 @@ def validate(cfg: Config, world: int) -> None:
         *data_checks(cfg),
         (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
          "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
+        (cfg.engine != "hf" or cfg.engine_compile == "auto",
+         f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine hf generates with HF generate: "
+         f"give --engine fast, or drop --engine-compile"),
     ]
     for ok, message in checks:
         if not ok:
@@ -439,7 +443,7 @@ def eval_settings(cfg: Config) -> dict:
     stand-alone `eval.py --config` run take them from here, so their numbers agree."""
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
-                                  cfg.engine),
+                                  cfg.engine, cfg.engine_compile),
                 chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
                 answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 

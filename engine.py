@@ -223,10 +223,15 @@ class Engine:
         self.mode, self.device = compile, next(lm.parameters()).device
         kind = ("inductor" if self.device.type == "cuda" else "off") if compile == "auto" else compile
         self.compiled = kind != "off"
-        # The same dynamo options for every backend (dynamic left to dynamo: an int that changes
-        # becomes symbolic), so that a CPU trace with the eager backend recompiles exactly as CUDA's.
-        self._compiled_step = (torch.compile(self.step, fullgraph=True, dynamic=True, backend=counted_backend(kind, self.device))
-                               if kind in ("eager", "inductor") else self.step)
+        # The same dynamo options for every backend, so that a CPU trace with the eager backend
+        # compiles exactly the graphs CUDA's does. dynamic=True: rows and view are symbolic from
+        # the first trace (left to dynamo, each would cost a static graph first, then more). Floats
+        # stay constants (the model's eps and scaling): a symbolic float is a CPU scalar input,
+        # and a graph with one is never captured as a CUDA graph.
+        self._compiled_step = self.step
+        if kind in ("eager", "inductor"):
+            step = torch.compile(self.step, fullgraph=True, dynamic=True, backend=counted_backend(kind, self.device))
+            self._compiled_step = torch._dynamo.config.patch(specialize_float=True)(step)
         self.keys, self.values = [], []  # per layer [rows, kv_heads, capacity, head_dim]
         self.resets = 0  # how many times compiled steps were started afresh (a weight or the slab moved)
         self._pointers, self._twin = None, None

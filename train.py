@@ -53,6 +53,7 @@ from algos.high_entropy import high_entropy
 from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
 from config import (Config, budget, check_prompts_fit, chunking, eval_settings, learning_rate, load_problems,
                     parse_config, validate)
+from engine import compile_count
 from eval import evaluate
 from lora import AdaptersOff, adapter_state, add_lora, check_targets, require_peft, save_adapter
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
@@ -126,7 +127,8 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream | MixedStream, da
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
     b_local = cfg.prompts_per_step // world
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
+                        cfg.engine_compile)
     kept, generated, rounds, dropped = [], [], 0, 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
@@ -815,7 +817,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0]})
+                        "lr": scheduler.get_last_lr()[0], "engine/compiles": compile_count()})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])

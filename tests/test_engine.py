@@ -4,6 +4,7 @@ generate writes; sampled, it records the trainer's log-probs and draws from HF's
 import math
 import random
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,8 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 
 from engine import Engine, Mode, draw, truncated
 from model import ResponseLogProbs
-from rollout import Chunk, Sampling, collate, sample
+from rewards import Problem
+from rollout import Chunk, Chunking, Sampling, collate, generate, sample
 
 PAD = 0
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
@@ -228,3 +230,127 @@ def test_a_model_the_engine_cannot_run_is_named_and_generated_by_hf():
         "--engine fast: Opaque does not route attention through HF's AttentionInterface; rollouts use HF generate"]
     assert fast == sample(lm, tokenizer(-1), rows, Sampling(temperature=0, max_new_tokens=8, engine="hf"))
     assert not math.isnan(fast[0][1][0])
+
+
+# ============================================================================ the CUDA path, on a CPU
+
+def slab_copies(graph, capacity: int) -> list[str]:
+    """The nodes of a post-grad graph that write slab-sized values out of place: a functional
+    index_put, or a copy_ whose destination spans the slab's `capacity` columns (what AOT makes of
+    an in-place write through a slice of a graph input when it cannot prove the slice is the
+    whole buffer). An in-place index_put_ into a graph input is not one."""
+    out = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.index_put.default,
+                                                             torch.ops.aten.copy_.default):
+            continue
+        value = node.args[0].meta.get("val")
+        if node.target == torch.ops.aten.index_put.default or (value is not None and value.dim() == 4
+                                                               and value.shape[2] == capacity):
+            out.append(f"{node.target} into {tuple(value.shape) if value is not None else '?'}")
+    return out
+
+
+def test_the_kv_write_stays_in_place_under_inductor():
+    """Inductor (the CUDA path's compiler, here on the CPU) keeps the step's KV write an in-place
+    index_put_ into the slab buffer in every graph, when the live rows fill the slab and when they are
+    fewer (rows shrink as they stop; a later, smaller call): no functional index_put, no copy of the
+    slab's columns. The step before this fix wrote through slab[:rows], which inductor turned into a
+    copy of all `capacity` columns of those rows each step whenever rows < slab rows."""
+    lm = random_lm("qwen2")
+    graphs = []
+    rows = [p for p in prompts([3, 9, 12, 5]) for _ in range(2)]
+    engine = Engine(lm, compile="inductor")
+    with torch._inductor.config.patch(post_grad_custom_post_pass=graphs.append):
+        eos = frequent_token([t for t, _ in engine_decode(Engine(lm), rows, Sampling(temperature=0, max_new_tokens=8),
+                                                          -1)])
+        full = engine_decode(engine, rows, Sampling(temperature=0, max_new_tokens=8), eos)
+        engine_decode(engine, rows[:3], Sampling(temperature=0, max_new_tokens=8), eos)  # 4 of 8 slab rows
+    assert len({len(t) for t, _ in full}) > 1  # rows stopped mid-way
+    assert graphs, "inductor compiled nothing"
+    capacity = engine.keys[0].shape[2]
+    for graph in graphs:
+        assert not slab_copies(graph, capacity), slab_copies(graph, capacity)
+        writes = [n for n in graph.nodes if n.target == torch.ops.aten.index_put_.default
+                  and n.args[0].op == "placeholder" and n.args[0].meta["val"].dim() == 4]
+        assert len(writes) == 2 * lm.config.num_hidden_layers  # keys and values of every layer, in place
+
+
+def count_graphs(monkeypatch) -> list:
+    """Make every engine created from now on record the graphs handed to its (eager) backend: a
+    list of (graph module, example inputs)."""
+    import engine as engine_module
+    seen, counted = [], engine_module.counted_backend
+
+    def recording(kind, device):
+        inner = counted(kind, device)
+
+        def compile_graph(gm, example_inputs):
+            seen.append((gm, example_inputs))
+            return inner(gm, example_inputs)
+        return compile_graph
+    monkeypatch.setattr(engine_module, "counted_backend", recording)
+    return seen
+
+
+class Words:
+    """A tokenizer stand-in for rollout.generate: pads with PAD, decodes to nothing."""
+    pad_token_id = PAD
+
+    def __init__(self, eos):
+        self.eos_token_id = eos
+
+    def decode(self, ids, **kwargs):
+        return ""
+
+
+def test_compiles_are_bounded_over_a_run(monkeypatch):
+    """With the CUDA path's dynamo options (fullgraph=True, dynamic shapes, the same step; only the
+    backend is eager), a run's sequence of calls compiles one graph per sampling mode and no more:
+    rollouts whose rows stop at different steps (buckets of 16, 8, 4, 2 rows) and whose attention
+    reads 256 then 512 columns, Markovian rounds, an eval at τ 0.6 / top-p 0.95, a greedy eval, an
+    optimizer step, and all of it again. The bound: rows and view are symbolic (one graph serves
+    every bucket; a bucket is never 1 row and a view never the whole slab, the two sizes dynamo
+    would specialise), temperature and top-p are device tensors, so only Mode (greedy, top-k, top-p
+    on) makes a graph: 3 here, under dynamo's recompile limit of 8 with margin, and the second
+    round adds none. Before this, the same sequence compiled 9 graphs (the 9th raises under
+    fullgraph=True)."""
+    graphs = count_graphs(monkeypatch)
+    lm = random_lm("qwen2")
+    rows = [p for p in prompts([3, 9, 5, 12]) for _ in range(4)]  # 16 rows
+    train = Sampling(1.0, max_new_tokens=270, engine="fast", engine_compile="eager")  # 12 + 270 columns > 256
+    evaluation = Sampling(0.6, 0.95, max_new_tokens=270, engine="fast", engine_compile="eager")
+    greedy = Sampling(0, max_new_tokens=270, engine="fast", engine_compile="eager")
+    torch.manual_seed(0)
+    eos = frequent_token([t for t, _ in sample(lm, tokenizer(-1), rows, train)])
+    problems = [Problem("", "") for _ in range(4)]
+    counts, lengths = [], set()
+    opt = torch.optim.SGD(lm.parameters(), lr=0.1)
+    for _ in range(2):
+        lengths |= {len(t) for t, _ in sample(lm, tokenizer(eos), rows, train)}
+        generate(lm, Words(eos), problems, rows[::4], group_size=4, sampling=replace(train, max_new_tokens=40),
+                 chunking=Chunking(carryover=8, head=4, max_chunks=3))
+        lengths |= {len(t) for t, _ in sample(lm, tokenizer(eos), rows[:12], evaluation)}
+        sample(lm, tokenizer(eos), rows[:8], greedy)
+        lm(torch.tensor(rows[0])[None], labels=torch.tensor(rows[0])[None]).loss.backward()
+        opt.step()
+        counts.append(len(graphs))
+    assert min(lengths) < 8 and max(lengths) > 256  # buckets shrank, and views grew past 256 columns
+    assert counts == [3, 3]
+    assert counts[-1] <= torch._dynamo.config.recompile_limit - 4
+
+
+def test_no_sampling_knob_is_a_graph_constant(monkeypatch):
+    """A second temperature and top-p reuse the graph of the first (they are device tensors, not
+    Python floats), and no graph has a float64 0-d input: the form in which dynamo lifts a Python
+    float that changed, which on CUDA lives on the CPU and turns CUDA graphs off for that graph."""
+    graphs = count_graphs(monkeypatch)
+    lm = random_lm("qwen2")
+    rows = prompts([3, 9, 5, 12])
+    for temperature, top_p in [(1.0, 0.9), (0.6, 0.95), (1.3, 0.5)]:
+        sample(lm, tokenizer(-1), rows, Sampling(temperature, top_p, max_new_tokens=6, engine="fast",
+                                                  engine_compile="eager"))
+    assert len(graphs) == 1
+    for _, inputs in graphs:
+        lifted = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float64]
+        assert not lifted and not any(isinstance(x, (float, torch.SymFloat)) for x in inputs)

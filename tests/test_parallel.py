@@ -83,9 +83,9 @@ def fsdp_update(model_dir, cfg, rank, world, gradient_checkpointing=False):
     return full, metrics, sharded
 
 
-def greedy_tokens(lm, tok, problems, batch_size=0, engine="hf") -> list[list[int]]:
+def greedy_tokens(lm, tok, problems, batch_size=0, engine="hf", compile="auto") -> list[list[int]]:
     eps = generate(lm, tok, problems, encode_prompts(tok, problems, chat_template=True), group_size=GROUP,
-                   sampling=replace(GREEDY, engine=engine), batch_size=batch_size)
+                   sampling=replace(GREEDY, engine=engine, engine_compile=compile), batch_size=batch_size)
     return [e.response_ids for e in eps]
 
 
@@ -131,6 +131,30 @@ def lora_rollouts(model_dir, rank, world) -> dict:
     return out
 
 
+def compiled_rounds(model_dir, rank, world, mode: str, lora: bool) -> dict:
+    """3 rounds of (greedy rollout by HF generate, the same by the engine with its step traced as on
+    CUDA: fullgraph=True, the eager backend; one optimizer step) on the policy wrapped as train.main
+    wraps it (DDP or FSDP2, LoRA or not), each rollout inside full_weights. Per round: both token
+    lists and the engine's cumulative compile count."""
+    import engine
+    tok, mine = load_tokenizer(model_dir), PROBLEMS[rank::world]
+    lm, _ = policy(model_dir, Config(lora_rank=4 if lora else 0))
+    scorer = wrap(ResponseLogProbs(lm), mode=mode, world=world, device=CPU, dtype=torch.float32)
+    opt = torch.optim.SGD([p for p in lm.parameters() if p.requires_grad], lr=0.05)
+    batch = collate(make_episodes()[:4], 0, CPU)
+    before, rounds = engine.compile_count(), []
+    for _ in range(3):
+        with full_weights(scorer):
+            hf = greedy_tokens(lm, tok, mine)
+            fast = greedy_tokens(lm, tok, mine, engine="fast", compile="eager")
+        rounds.append({"hf": hf, "fast": fast, "compiles": engine.compile_count() - before})
+        logp = scorer(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)["logp"]
+        logp.sum().backward()  # make the likelier tokens likelier still: the weights move every round
+        opt.step()
+        opt.zero_grad()
+    return {"rounds": rounds, "engine": engine.Engine.of(lm, "eager")}
+
+
 def every_mode(model_dir, cfg, rank, world) -> dict:
     """One update of cfg under DDP, FSDP2 and FSDP2 with gradient checkpointing."""
     got = {"ddp": one_update(model_dir, cfg, rank, world)}
@@ -153,6 +177,12 @@ def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
         mine = rollouts(SHIPPED, rank, world)
         result[name] = [None] * world
         dist.all_gather_object(result[name], mine)
+    for mode, lora in COMPILED_CASES:
+        got = compiled_rounds(SHIPPED, rank, world, mode, lora)
+        eng = got.pop("engine")
+        got.update(resets=eng.resets, copy=eng._twin is not None)
+        result[f"compiled {mode}{' lora' * lora}"] = [None] * world
+        dist.all_gather_object(result[f"compiled {mode}{' lora' * lora}"], got)
     if rank == 0:
         torch.save(result, out_file)
     dist.barrier()  # neither rank tears gloo down while the other still uses it
@@ -250,6 +280,28 @@ def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
         assert r["weights_kept"]
     assert two_ranks["rollouts"][0]["alone"] == two_ranks["rollouts"][0]["plain"]
     assert two_ranks["rollouts"][0]["plain"] != two_ranks["rollouts"][1]["plain"]  # ranks had different prompts
+
+
+COMPILED_CASES = [("fsdp", False), ("ddp", False), ("fsdp", True)]
+
+
+@pytest.mark.parametrize("mode,lora", COMPILED_CASES, ids=[f"{m}{'-lora' * lora}" for m, lora in COMPILED_CASES])
+def test_the_traced_engine_runs_on_wrapped_policies(two_ranks, mode, lora):
+    """The engine's step traced as CUDA traces it (fullgraph=True; FSDP2's hooks are marked
+    untraceable, so the step must run on the hook-free inference copy) on a policy under DDP or
+    FSDP2, with LoRA or not: greedy, it writes HF generate's tokens in each of 3 rounds with an
+    optimizer step between; the step compiles once (one sampling mode) and never again, and
+    nothing restarts the compiled steps after the first call, although FSDP gathers the weights
+    anew at every rollout. DDP in fp32 needs no copy (the model itself is hook-free); FSDP and
+    LoRA decode from the copy."""
+    for rank, got in enumerate(two_ranks[f"compiled {mode}{' lora' * lora}"]):
+        for r in got["rounds"]:
+            assert r["fast"] == r["hf"], rank
+        assert [r["compiles"] for r in got["rounds"]] == [1, 1, 1], rank
+        assert got["resets"] == 1, rank  # the first call only
+        assert got["copy"] == (mode == "fsdp" or lora), rank
+    rounds = two_ranks[f"compiled {mode}{' lora' * lora}"][0]["rounds"]
+    assert rounds[0]["hf"] != rounds[-1]["hf"]  # the optimizer steps changed what the policy writes
 
 
 # ============================================================================ 2. activation checkpointing
