@@ -230,10 +230,13 @@ class Engine:
         # and a graph with one is never captured as a CUDA graph.
         self._compiled_step = self.step
         if kind in ("eager", "inductor"):
+            # every engine's step is one code object to dynamo, whose recompile limit would also
+            # count the graphs of engines before this one (a process has one engine per model)
+            torch.compiler.reset()
             step = torch.compile(self.step, fullgraph=True, dynamic=True, backend=counted_backend(kind, self.device))
             self._compiled_step = torch._dynamo.config.patch(specialize_float=True)(step)
         self.keys, self.values = [], []  # per layer [rows, kv_heads, capacity, head_dim]
-        self.resets = 0  # how many times compiled steps were started afresh (a weight or the slab moved)
+        self.moves = 0  # calls that found the slab, the copy or a weight at another address than the last
         self._pointers, self._twin = None, None
 
     @staticmethod
@@ -256,29 +259,46 @@ class Engine:
         new storage each time), with LoRA (the adapters are merged into the copy: one matmul per
         layer instead of three) and when autocast computes in another dtype than the weights are
         held in (DDP's fp32 master weights under bf16 autocast: the copy holds them in bf16 once,
-        instead of a cast of every weight at every step)."""
+        instead of a cast of every weight at every step).
+
+        Under FSDP the engine runs inside parallel.full_weights, as train.py's rollouts and evals
+        do: the decoder layers arrive gathered, are copied, and are resharded at once, so that the
+        copy takes the gathered weights' place rather than doubling them. A later call of the same
+        block finds them resharded: nothing has changed the weights since (an optimizer step only
+        comes after the block), and the copy is kept as it is (no gather: ranks may make different
+        numbers of calls, and a gather would wait for all of them). So inside such a block, once
+        the engine has run, nothing else may run lm's layers: their forward would gather again, a
+        collective that ranks making different numbers of calls would not all join (train.py's
+        rollouts and evals run every forward through the engine: its copy serves prefills too,
+        rollout.forward_model)."""
         dtype = compute_dtype(lm)
         if not needs_copy(lm, dtype):
             return lm
+        layers = [m for m in lm.modules() if isinstance(m, FSDPModule)]
+        if self._twin is not None and any(isinstance(p, DTensor) for m in layers for p in m.parameters()):
+            return self._twin
         if self._twin is None:
             self._twin = inference_copy(lm, dtype)
         refresh(self._twin, lm)
+        for m in layers:
+            m.reshard()
         return self._twin
 
     # ------------------------------------------------------------------ buffers
 
     def _reserve(self, rows: int, capacity: int, like: DynamicCache) -> None:
         """Slab and step buffers for at least `rows` rows (+ one scratch row that dead bucket
-        rows write to) and `capacity` columns; grown, never shrunk, so addresses stay put."""
+        rows write to) and `capacity` columns; grown, never shrunk, so that the same sizes are
+        asked of the allocator call after call (and the same addresses most often come back)."""
         if self.compiled:  # one spare column: a view never spans the whole buffer, which the
             capacity = graph_columns(capacity) + 1  # compiler would trace as a graph of its own
         have_rows, have_cols = (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
         if rows <= have_rows and capacity <= have_cols and self.keys[0].dtype == like.layers[0].keys.dtype:
+            hold(self.keys + self.values)
+            for t in self.keys + self.values:
+                t.zero_()
             return
         rows, capacity = max(rows, have_rows), max(capacity, have_cols)
-        if self.keys and self.compiled:  # the graphs hold the old slab: let go of them first
-            self._reset()
-        self.keys = self.values = None  # free the old slab before the new one is allocated
         # zeros, not empty: attention multiplies the unfilled columns it reads by a probability
         # of 0, and 0 · NaN from uninitialised memory would be NaN
         self.keys = [layer.keys.new_zeros(rows, layer.keys.shape[1], capacity, layer.keys.shape[3])
@@ -302,20 +322,26 @@ class Engine:
                                               self.out_tokens, self.out_logp, self.temperature, self.top_p]
                                              if self.keys else [])
 
-    def _reset(self) -> None:
-        torch.compiler.reset()
-        self.resets += 1
-
     def _fresh(self, lm) -> None:
-        """Start the compiled steps afresh if a weight or the slab moved since they were compiled:
-        a captured graph reads the addresses it was captured with. (The inference copy never moves;
-        a plain model moves only when something outside the engine puts a weight in new storage.)"""
-        if not self.compiled:
-            return
+        """Drop the recorded CUDA graphs when an address they read has moved (the slab or the copy
+        came back elsewhere, a weight of a plain model went to new storage): a recorded graph reads
+        the addresses it was recorded with. Torch would record anew for the new addresses anyway;
+        dropping the old recordings keeps them from piling up call after call. The compiled code
+        stays: addresses are not among dynamo's guards."""
         pointers = tuple(p.data_ptr() for p in lm.parameters()) + tuple(k.data_ptr() for k in self.keys)
-        if pointers != self._pointers:
-            self._reset()
+        if pointers != self._pointers and self._pointers is not None:
+            self.moves += 1
+            if self.compiled and self.device.type == "cuda":
+                from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+                reset_cudagraph_trees()
         self._pointers = pointers
+
+    def release(self) -> None:
+        """Give the slab's memory back to the allocator (its tensors stay, empty, with their
+        shapes): between calls it holds nothing that is needed (the next call zeroes it), and the
+        update that runs meanwhile reuses that memory. The next call takes it back (`hold`). The
+        inference copy stays: under FSDP a later call of the same gathered block reuses it."""
+        let_go(self.keys + self.values)
 
     # ------------------------------------------------------------------ the step
 
@@ -396,6 +422,7 @@ class Engine:
                     self._compiled_step(lm, rows, self._view(w + t), mode)
             finally:
                 lm.set_attn_implementation(previous)
+                self.release()
             return self.out_tokens[:n, :budget].tolist(), self.out_logp[:n, :budget].tolist()
 
     def _bucket(self, live: int) -> int:
@@ -486,25 +513,47 @@ def inference_copy(lm, dtype: torch.dtype) -> torch.nn.Module:
     return twin.eval().requires_grad_(False)
 
 
+@torch.no_grad()
 def refresh(twin, lm) -> None:
     """Copy lm's current weights into its inference copy, in place (so that addresses never move):
     a sharded weight gathered (every rank calls, in the same order), a LoRA layer merged,
     W + scale · B A in float32 (Hu et al. 2021)."""
-    sources = dict(lm.named_modules())
+    sources, copied = dict(lm.named_modules()), set()
     for name, module in twin.named_modules():
         source = sources[name]
         for key, p in module.named_parameters(recurse=False):
-            weight = whole(getattr(source, key))
+            weight = getattr(source, key)
+            copied.add(id(weight))
+            weight = whole(weight)
             if key == "weight" and hasattr(source, "lora_A") and not getattr(source, "disable_adapters", False):
                 weight = weight.float()
                 for adapter in source.active_adapters:
-                    a, b = whole(source.lora_A[adapter].weight).float(), whole(source.lora_B[adapter].weight).float()
-                    weight = weight + source.scaling[adapter] * (b @ a)
+                    a, b = source.lora_A[adapter].weight, source.lora_B[adapter].weight
+                    copied |= {id(a), id(b)}
+                    weight = weight + source.scaling[adapter] * (whole(b).float() @ whole(a).float())
             p.copy_(weight)
         for key, b in module.named_buffers(recurse=False):
             b.copy_(whole(getattr(source, key)))
+    left = [name for name, p in lm.named_parameters() if id(p) not in copied]
+    if left:  # a module added to the model after loading: the copy, built from the config, would decode without it
+        raise ValueError(f"the engine's inference copy of {type(twin).__name__} (built from its config) has no place "
+                         f"for {', '.join(left[:3])}{' ...' if len(left) > 3 else ''}: generate with --engine hf")
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """A tensor's full value: a DTensor (a sharded FSDP weight outside a gather) all-gathered."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def let_go(tensors) -> None:
+    """Free the storage of each tensor, keeping the tensor (its shape, dtype, device): FSDP2 does the
+    same with its gathered weights between forwards."""
+    for t in tensors:
+        t.untyped_storage().resize_(0)
+
+
+def hold(tensors) -> None:
+    """Give each tensor freed by let_go its storage back (uninitialised: the caller fills it)."""
+    for t in tensors:
+        if t.untyped_storage().nbytes() == 0:
+            t.untyped_storage().resize_(t.numel() * t.element_size())

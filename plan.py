@@ -223,11 +223,14 @@ def resident_rows(cfg, s: Shape, t: Target) -> list:
 
 def gathered_rows(cfg, s: Shape, t: Target) -> list:
     """Weights a generate call runs on: under FSDP every layer gathered at once
-    (parallel.full_weights); DDP under bf16 autocast caches a bf16 copy of each matmul weight
-    that requires grad (with LoRA: only the adapters)."""
+    (parallel.full_weights; with the engine, copied into its inference copy, counted resident);
+    DDP under bf16 autocast caches a bf16 copy of each matmul weight that requires grad (with
+    LoRA: only the adapters), unless the engine decodes from its copy."""
+    if t.mode == "fsdp" and engine_copy(cfg, t):  # the layers are resharded once copied (Engine.runner)
+        return [(f"root group gathered (embeddings, norm, LM head), {_dtype(t.bytes)}", s.root_params * t.bytes)]
     if t.mode == "fsdp":
         return [(f"all weights gathered, {_dtype(t.bytes)}", (s.params + lora_params(cfg, s)) * t.bytes)]
-    if t.bytes == 2:
+    if t.bytes == 2 and not engine_copy(cfg, t):
         matmul = lora_params(cfg, s) or s.params - (0 if s.tied else s.vocab * s.hidden)  # all but an untied embedding
         return [("autocast's bf16 copies of the matmul weights", matmul * 2)]
     return []
@@ -266,20 +269,32 @@ def engine_step_rows(s: Shape, t: Target, seqs: int, sampling: tuple) -> list:
              seqs * s.vocab * (t.bytes + 4 * (logits_copies(*sampling) + 3)))]
 
 
-def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> list:
-    """What the engine (engine.py) keeps from one rollout to the next: its KV slab and output
-    buffers, sized for the largest generate call (`seqs` rows of prompt + max_new_tokens columns:
+def engine_copy(cfg, t: Target) -> bool:
+    """Whether the engine decodes from an inference copy of the weights (engine.needs_copy): under
+    FSDP, with LoRA adapters, and when bf16 autocast computes from fp32 weights (DDP)."""
+    return t.engine == "fast" and (t.mode == "fsdp" or cfg.lora_rank > 0 or t.weight_bytes != t.bytes)
+
+
+def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[list, list]:
+    """(what the engine (engine.py) holds while it generates, what it keeps for good). Held: its
+    KV slab, sized for the largest generate call (`seqs` rows of prompt + max_new_tokens columns:
     a Markovian round's context is q + C too), on CUDA rows rounded up to a power of two and
-    columns to a multiple of VIEW_STEP; and on CUDA the graph pool, one step's temporaries."""
+    columns to a multiple of VIEW_STEP plus a spare one, given back to the allocator after each
+    call (Engine.release), so the update reuses its memory. Kept: the output buffers, the
+    inference copy of the weights in the compute dtype when it has one (under FSDP it replaces the
+    gathered decoder layers during a rollout, and stays through the update), and on CUDA the
+    graph pool (one step's temporaries)."""
     rows, columns = seqs, cfg.plan_prompt_tokens + cfg.max_new_tokens
     if t.device == "cuda":
-        rows, columns = graph_rows(rows), graph_columns(columns)
+        rows, columns = graph_rows(rows), graph_columns(columns) + 1
     kv_token = kv_token_bytes(s, t)
-    out = [(f"engine KV slab, {rows} rows × {columns} columns", rows * columns * kv_token),
-           ("engine output buffers: token ids and log-probs", (rows + 1) * columns * (8 + 4))]
+    held = [(f"engine KV slab, {rows} rows × {columns} columns", rows * columns * kv_token)]
+    kept = [("engine output buffers: token ids and log-probs", (rows + 1) * columns * (8 + 4))]
+    if engine_copy(cfg, t):
+        kept.append((f"engine inference copy of the weights, {_dtype(t.bytes)}", s.params * t.bytes))
     if t.device == "cuda":
-        out += [("CUDA graph pool: " + what, n) for what, n in engine_step_rows(s, t, rows, sampling)]
-    return out
+        kept += [("CUDA graph pool: " + what, n) for what, n in engine_step_rows(s, t, rows, sampling)]
+    return held, kept
 
 
 def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
@@ -397,7 +412,14 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
     if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it
         seqs = max(per_call * cfg.group_size, max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples
                    if cfg.eval_every else 0)
-        resident += engine_rows(cfg, shape, t, seqs, (cfg.temperature, cfg.top_p, cfg.top_k))
+        held, pool = engine_rows(cfg, shape, t, seqs, (cfg.temperature, cfg.top_p, cfg.top_k))
+        phases = [Phase(ph.name, ph.rows + held, ph.group) if ph.group in ("rollout", "eval") else ph
+                  for ph in phases]
+        resident += pool
+        if t.mode == "fsdp":  # the moment the gathered weights are copied into the engine's copy
+            phases.append(Phase("rollout: gathered weights copied into the engine's copy",
+                                [(f"all weights gathered, {_dtype(t.bytes)}", (shape.params + lora_params(cfg, shape))
+                                  * t.bytes)], "rollout"))
     return resident, phases + update_phases(cfg, shape, t)
 
 
