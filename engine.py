@@ -5,42 +5,47 @@ sampler) replays as one captured CUDA graph instead of hundreds of kernel launch
 How an inference engine works, top to bottom:
 
 - **KV slab.** Each layer's keys and values live in one buffer [rows, kv_heads, capacity,
-  head_dim] in the compute dtype, allocated once and kept for the model's life (`Engine.of(lm)`),
-  so a graph captured in one rollout replays in the next. Row r holds its prompt left-padded to
-  the batch's width w, then its generated tokens: token t of every row sits in column w + t.
-  Row r's context is columns start[r] .. col, where start[r] is its first real column and col
-  the column being written.
+  head_dim] in the compute dtype. Row r holds its prompt left-padded to the batch's width w, then
+  its generated tokens: token t of every row sits in column w + t. Row r's context is columns
+  start[r] .. col, where start[r] is its first real column and col the column being written.
+  The slab's tensors are kept for the model's life (`Engine.of(lm)`), grown and never shrunk;
+  between calls their memory goes back to the allocator (`Engine.release`), for the update.
 - **Prefill** (`Engine.prefill`): the model's usual forward over the distinct prompts (a group's
   G samples share one), `prefill_chunk` columns a forward, into a DynamicCache whose columns are
   then copied into the slab, each prompt to its G rows. The first token is drawn from its logits.
 - **The step** (`Engine.step`): embed each row's last token → every decoder layer, whose
   attention is `slab_attention` (registered with HF's AttentionInterface and switched on while
-  the engine decodes): it writes the new key and value into column col and attends to the slab's
-  first `view` columns under a mask made from start, col and the layer's sliding window → the
-  last position's logits → temperature, top-k, top-p → a draw on the device (an exponential race:
-  argmax p_i / E_i with E_i ~ Exp(1) picks token i with probability p_i) → the token's
-  log_softmax(z/τ) (what the trainer recomputes) and whether it is a stop id → all written into
-  preallocated buffers; col and t advance on the device. No host read, no Python branch on data,
-  no allocation whose shape depends on data: the same step replays every time.
-- **Buckets.** A graph has fixed shapes, so compiled steps are specialised on (rows, view): rows
-  a power of two ≥ the live rows, view a multiple of VIEW_STEP ≥ col + 1 (the columns attention
-  reads). Eager steps use the exact sizes.
+  the engine decodes): it writes the new key and value into column col, in place, by explicit
+  (row, head, column) indices into the whole slab buffer, and attends to the slab's first `view`
+  columns under a mask made from start, col and the layer's sliding window → the last position's
+  logits → temperature, top-k, top-p → a draw on the device (an exponential race: argmax p_i / E_i
+  with E_i ~ Exp(1) picks token i with probability p_i) → the token's log_softmax(z/τ) (what the
+  trainer recomputes) and whether it is a stop id → all written into preallocated buffers; col
+  and t advance on the device. No host read, no Python branch on data, no allocation whose shape
+  depends on data: the same step replays every time.
+- **Buckets.** A graph has fixed shapes, so compiled steps run on (rows, view): rows a power of
+  two ≥ the live rows (at least 2), view a multiple of VIEW_STEP ≥ col + 1 (the columns attention
+  reads; the slab has one spare column, so a view never spans it whole). Eager steps use the
+  exact sizes.
 - **Around the step** (`Engine.decode`, plain Python): every `check` steps (8 on CUDA, 1 on CPU)
   the host reads the stop flags, the only device-to-host read. When every row has stopped, the
   call ends; when the live rows fit a smaller bucket, they move to the top of the slab and the
   finished ones leave, so the cost follows the live rows. A row that stopped between two checks
   runs on and is cut at its stop id afterwards.
-- **Capture.** On CUDA the step is `torch.compile(mode="reduce-overhead", fullgraph=True)`:
-  PyTorch traces it once, then records and replays one CUDA graph per bucket; the slab and the
-  step's buffers are static addresses (`mark_static_address`), so nothing is copied in or out.
-  On CPU the step runs eagerly; the tests compile it with fullgraph=True, which fails on any
-  graph break, to prove it capturable without a GPU.
-- **Weights change between rollouts.** An optimizer step writes in place (same addresses: the
-  graphs read the new values); FSDP's gather or a resume can put a weight in new storage, which a
-  graph would never see. Before each call the engine compares every parameter's data_ptr with
-  those its steps were compiled for and, when one moved, starts the compiled steps afresh
-  (torch.compiler.reset: the next steps trace and capture again; under FSDP, whose gather may
-  allocate anew at every rollout, that cost recurs — to be measured on a GPU).
+- **Capture.** On CUDA the step is compiled by inductor with CUDA graphs (`--engine-compile`,
+  `Engine.__init__`): `fullgraph=True` (a graph break would raise), rows and view symbolic (one
+  graph serves every bucket; CUDA graphs are recorded per bucket), floats constant, the sampling
+  values (temperature, top-p) in device buffers: one graph per `Mode` (greedy, top-k, top-p on),
+  three in a run that evaluates greedily at another temperature. The slab and the step's buffers
+  are static inputs (`mark_static_address`), read and written in place. On CPU the step runs
+  eagerly unless asked; `--engine-compile eager` traces it with exactly CUDA's dynamo options.
+- **The weights it runs** (`Engine.runner`): the model itself when it is a plain model holding its
+  weights in the dtype it computes in; else a hook-free inference copy in the compute dtype,
+  refreshed in place before each rollout (under FSDP, from the gathered layers, which are then
+  resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
+  place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
+  When the slab comes back from the allocator elsewhere, or a plain model's weight went to new
+  storage, the recorded CUDA graphs are dropped and recorded anew (the compiled code stays).
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -143,16 +148,17 @@ def truncated(z: torch.Tensor, *, top_k: int = 0, top_p=None) -> torch.Tensor:
 
 def draw(logits: torch.Tensor, mode: Mode, temperature=1.0, top_p=1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(the next token of each row, its log_softmax(z/τ) over the whole vocabulary), on the device.
-    A draw is an exponential race, argmax p_i / E_i with E_i = −log U_i ~ Exp(1): token i wins with
-    probability p_i, as torch.multinomial's one draw, with no host check. The uniforms come from
-    rand_like inside the expression, so that a compiler fuses them into the argmax instead of
-    materialising an fp32 [rows, vocab] noise tensor (U = 0 gives E = ∞: that token cannot win)."""
+    A draw is an exponential race, argmax p_i / E_i with E_i ~ Exp(1): token i wins with
+    probability p_i, as torch.multinomial's one draw, with no host check. Compiled, the noise costs
+    no [rows, vocab] tensor: inductor decomposes exponential_ into −log of rand_like and fuses it
+    into the argmax's kernel (checked on CPU: one kernel either way)."""
     if mode.greedy:
         token = logits.argmax(-1)
         return token, logits.log_softmax(-1).gather(-1, token[:, None])[:, 0]
     z = logits / temperature
     probs = truncated(z, top_k=mode.top_k, top_p=top_p if mode.nucleus else None).softmax(-1)
-    token = (probs / -torch.rand_like(probs).log()).argmax(-1)
+    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
+    token = (probs / race).argmax(-1)
     return token, z.log_softmax(-1).gather(-1, token[:, None])[:, 0]
 
 
