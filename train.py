@@ -791,6 +791,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
                         sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
+    compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
@@ -817,7 +818,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0], "engine/compiles": compile_count()})
+                        "lr": scheduler.get_last_lr()[0], "engine/compiles": compile_count() - compiled})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])

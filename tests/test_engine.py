@@ -309,9 +309,9 @@ class Words:
 def test_compiles_are_bounded_over_a_run(monkeypatch):
     """With the CUDA path's dynamo options (fullgraph=True, dynamic shapes, the same step; only the
     backend is eager), a run's sequence of calls compiles one graph per sampling mode and no more:
-    rollouts whose rows stop at different steps (buckets of 16, 8, 4, 2 rows) and whose attention
-    reads 256 then 512 columns, Markovian rounds, an eval at τ 0.6 / top-p 0.95, a greedy eval, an
-    optimizer step, and all of it again. The bound: rows and view are symbolic (one graph serves
+    rollouts whose rows stop at different steps (buckets of 16, 8, 4, 2 rows), Markovian rounds, an
+    eval at τ 0.6 / top-p 0.95, a greedy eval that never stops (attention reads 256, then 512
+    columns), an optimizer step, and all of it again. The bound: rows and view are symbolic (one graph serves
     every bucket; a bucket is never 1 row and a view never the whole slab, the two sizes dynamo
     would specialise), temperature and top-p are device tensors, so only Mode (greedy, top-k, top-p
     on) makes a graph: 3 here, under dynamo's recompile limit of 8 with margin, and the second
@@ -333,7 +333,7 @@ def test_compiles_are_bounded_over_a_run(monkeypatch):
         generate(lm, Words(eos), problems, rows[::4], group_size=4, sampling=replace(train, max_new_tokens=40),
                  chunking=Chunking(carryover=8, head=4, max_chunks=3))
         lengths |= {len(t) for t, _ in sample(lm, tokenizer(eos), rows[:12], evaluation)}
-        sample(lm, tokenizer(eos), rows[:8], greedy)
+        lengths |= {len(t) for t, _ in sample(lm, tokenizer(-1), rows[:8], greedy)}  # whole budgets: 512 columns
         lm(torch.tensor(rows[0])[None], labels=torch.tensor(rows[0])[None]).loss.backward()
         opt.step()
         counts.append(len(graphs))
