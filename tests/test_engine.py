@@ -177,7 +177,8 @@ def test_truncation_is_hf_top_k_then_top_p():
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,kept", [(1.0, 0, 1.0, 6), (0.7, 4, 1.0, 4),
-                                                          (1.3, 0, 0.8, 3)])  # p at τ 1.3: .437 .298 .118 ...
+                                                          (1.3, 0, 0.8, 3),  # p at τ 1.3: .437 .298 .118 ...
+                                                          (0.6, 0, 0.95, 3)])  # p at τ 0.6: .651 .283 .038 .023 ...
 def test_draws_follow_hf_sampler_distribution(temperature, top_k, top_p, kept):
     """On a 6-token vocabulary, 200,000 draws of the engine (`draw`) and of HF's sampler (its
     temperature, top-k and top-p warpers, softmax, torch.multinomial) each land on every token at
