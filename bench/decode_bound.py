@@ -1,118 +1,240 @@
-"""Decode throughput against its memory-bandwidth bound: HF `generate` vs the engine (`--engine fast`).
+"""Decode throughput against its memory-bandwidth bound, HF `generate` ("hf") vs the engine ("fast").
 
-    python bench/decode_bound.py                     # GPU: Qwen2.5-1.5B shape, bf16, batch 64, 128, 256
-    python bench/decode_bound.py --shape Qwen2.5-7B  # (or Qwen3-8B-Base)
-    python bench/decode_bound.py --layers 2 --batch 4 16 --prompt 64 --new 64   # a CPU-sized slice
+    python bench/decode_bound.py                       # GPU: Qwen2.5-1.5B shape, batch 64 128 256, both regimes
+    python bench/decode_bound.py --shape Qwen2.5-7B --regime bound
+    python bench/decode_bound.py --device cpu --quick  # CPU smoke run: 2 narrow layers, batch 4 8, 24 tokens
 
-A random-initialised model of a real shape and vocabulary (assets/shapes/<shape>, optionally cut to
---layers decoder layers), prompts of random tokens, and a stop id the model cannot write, so that
-every row decodes the full --new tokens: each step does the same work in both engines.
+A random-initialised model of a real shape (assets/shapes/<shape>, --layers of it), random prompts.
+- bound: the bare model in the compute dtype, τ 1, a stop id no logit belongs to: every row writes
+  all --new tokens, so each step does the same work in both engines.
+- training: a rollout as train.py runs one: the fp32 model in model.ResponseLogProbs wrapped by
+  parallel.wrap (FSDP2, world 1), generating inside full_weights and autocast; the recipe's
+  sampling (--recipe: temperature, top-p, top-k, group size); the engine's slab sized by a call of
+  the largest batch first; and rows that stop. The stops are the vocabulary's last k = q · vocab
+  ids (prompts use its first half): on a random model, whose ids are exchangeable, one of them is
+  drawn with probability q a token on average, q such that lengths, geometric truncated at --new,
+  have mean --mean. The model itself is untouched (the engine may decode from a copy rebuilt from
+  its config, which would drop, e.g., a bias added to the LM head). Realised lengths are printed.
 
-A decode step has to read every weight once and the whole KV cache of the batch, so it cannot take
-less than bytes / bandwidth, with
+A call's decode steps read every weight once a step and each token's K and V context, so take at least
 
-    bytes = weight bytes + batch · context · 2 (K and V) · layers · kv_heads · head_dim · dtype bytes
+    ((longest row − 1) · weight bytes + Σ over decoded tokens of context · KV bytes a token) / bandwidth
 
-at the mean context of the run (prompt + new/2). The bandwidth is measured here, as the rate of a
-1 GiB device-to-device copy (read + write), not taken from a data sheet. Decode time is a call's
-time minus the time of the same call with one new token (the prefill and set-up). Each engine
-runs one untimed call per batch size first: the engine's compilation and CUDA-graph capture
-happen once per run (its graphs are kept), not once per rollout. The table gives
-decode tokens/s and that rate as a fraction of the bound, per engine and batch; on CPU the bound
-is printed too, but only the engines' ratio means much there.
+(compute dtype; token t ≥ 1 of a row has prompt + t columns of context, token 0 is the prefill's;
+only tokens written up to each row's stop count). Bandwidth: a device-to-device copy's (read +
+write). Decode time: a call's time minus the same call's with 1 new token. Each engine first runs
+one untimed call per batch (compiling and capturing once per run, not per rollout); `compiles`
+counts graphs compiled in the timed calls (engine.compile_count). On CPU only ratios mean much.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import copy
 import sys
 import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import yaml
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import engine  # noqa: E402
+from config import Config  # noqa: E402
+from model import ResponseLogProbs  # noqa: E402
+from parallel import autocast_context, compute_dtype, full_weights, setup_distributed, teardown, wrap  # noqa: E402
 from rollout import Sampling, sample  # noqa: E402
 
+ENGINES = ("hf", "fast")
+# narrowed too: at the real width one CPU thread spends ~0.2 s a step reading the LM head alone
+QUICK = dict(layers=2, batch=[4, 8], prompt=16, new=24, repeats=1, mean=6, copy_bytes=2**26,
+             widths=dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=32768))
+COLUMNS = ("regime", "batch", "engine", "length mean [min, max]", "decode s", "tokens/s", "bound tokens/s",
+           "of bound", "× hf", "compiles")
 
-def bandwidth(device: torch.device) -> float:
-    """Bytes per second a 1 GiB copy moves (it reads 1 GiB and writes 1 GiB), best of 5."""
-    x = torch.empty(2**30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
+
+@dataclass
+class Regime:
+    name: str
+    lm: nn.Module  # what rollout.sample is given
+    tok: SimpleNamespace  # stop and pad ids
+    sampling: Sampling
+    group: int  # rows that share a prompt
+    scorer: nn.Module | None = None  # training: the FSDP-wrapped model.ResponseLogProbs around lm
+    autocast: object = nullcontext  # () -> the compute dtype's autocast
+
+    @contextmanager
+    def rollout(self):
+        """What a sample() call runs in: under training, what train.py's loop wraps a rollout in."""
+        with full_weights(self.scorer) if self.scorer else nullcontext(), self.autocast():
+            yield
+
+
+def build_model(shape: str, layers: int, device, **overrides):
+    """A random fp32 model of a shipped shape, cut to `layers` (0: all), HF config `overrides`, in
+    train mode as train.py holds it. -> (model, HF config)"""
+    config = AutoConfig.from_pretrained(ROOT / "assets" / "shapes" / shape, **overrides)
+    if layers:
+        config.num_hidden_layers = layers
+        config.layer_types = config.layer_types[:layers] if getattr(config, "layer_types", None) else None
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).train(), config
+
+
+def random_prompts(rows: int, width: int, vocab: int, group: int = 1) -> list[list[int]]:
+    """Prompts of ids from the vocabulary's first half, each repeated for a group of `group` rows."""
+    ids = torch.randint(1, vocab // 2, (-(-rows // group), width))
+    return ids.repeat_interleave(group, 0)[:rows].tolist()
+
+
+def stop_probability(mean: float, budget: int) -> float:
+    """q whose geometric lengths truncated at `budget` have mean `mean`: (1 − (1 − q)^budget) / q = mean."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # the mean falls from budget (q → 0) to 1 (q = 1)
+        q = (lo + hi) / 2
+        lo, hi = (q, hi) if (1 - (1 - q) ** budget) / q > mean else (lo, q)
+    return q
+
+
+def bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes per second a copy of `nbytes` moves (it reads and writes them), best of 5."""
+    x, y = torch.empty(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8, device=device)
     best = float("inf")
     for _ in range(5):
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = sync(device)
         y.copy_(x)
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * x.numel() / best
+        best = min(best, sync(device) - t0)
+    return 2 * nbytes / best
 
 
-def sync(device: torch.device) -> None:
+def sync(device: torch.device) -> float:
+    """The time, once the device has finished what it was given."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
-def timed_call(lm, tok, rows, new: int, engine: str, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    out = sample(lm, tok, rows, Sampling(temperature=1.0, max_new_tokens=new, engine=engine))
-    sync(device)
-    assert all(len(t) == new for t, _ in out), "a row stopped early: the stop id must be unwritable"
-    return time.perf_counter() - t0
+def timed(regime: Regime, prompts, sampling: Sampling, device) -> tuple[float, list[int]]:
+    """Seconds of one rollout.sample call and each row's count of new tokens."""
+    t0 = sync(device)
+    with regime.rollout():
+        out = sample(regime.lm, regime.tok, prompts, sampling)
+    return sync(device) - t0, [len(tokens) for tokens, _ in out]
 
 
-def main() -> None:
+def training_regime(lm, device, stops: range, recipe: dict) -> Regime:
+    """lm (fp32, as built) wrapped as train.py wraps the policy, sampling as the recipe does."""
+    cfg = Config(parallel="fsdp")
+    setup_distributed(cfg)
+    scorer = wrap(ResponseLogProbs(lm), mode="fsdp", world=1, device=device, dtype=compute_dtype(cfg, device))
+    sampling = Sampling(recipe.get("temperature", 1.0), recipe.get("top_p", 1.0), recipe.get("top_k", 0))
+    return Regime("training", lm, SimpleNamespace(eos_token_id=stops[0], stop_ids=stops, pad_token_id=0), sampling,
+                  recipe.get("group_size", 1), scorer, autocast_context(cfg, device))
+
+
+def measure_batch(regime: Regime, batch: int, args, sizes, device) -> list[dict]:
+    """One row per engine, over args.repeats calls interleaved so that both see the same machine."""
+    prompts = random_prompts(batch, args.prompt, sizes.vocab, regime.group)
+    calls = {e: (lambda n, e=e: timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine=e), device))
+             for e in ENGINES}
+    for call in calls.values():
+        call(args.new)  # warm-up: compile and capture
+    runs = {e: dict(decode=0.0, bound=0.0, lengths=[], compiles=0) for e in ENGINES}
+    for _ in range(args.repeats):
+        for e, call in calls.items():
+            before = engine.compile_count()
+            full, lengths = call(args.new)
+            runs[e]["decode"] += full - call(1)[0]
+            runs[e]["compiles"] += engine.compile_count() - before
+            runs[e]["lengths"] += lengths
+            columns = sum((n - 1) * args.prompt + (n - 1) * n / 2 for n in lengths)
+            runs[e]["bound"] += ((max(lengths) - 1) * sizes.weight_bytes + columns * sizes.kv_bytes) / sizes.rate
+    rows = []
+    for e, r in runs.items():
+        n, tokens = r["lengths"], sum(r["lengths"]) - len(r["lengths"])  # token 0 of a row is the prefill's
+        rows.append(dict(regime=regime.name, batch=batch, engine=e, length_mean=sum(n) / len(n), length_min=min(n),
+                         length_max=max(n), decode_s=r["decode"], tokens_s=tokens / r["decode"],
+                         bound_tokens_s=tokens / r["bound"], fraction=r["bound"] / r["decode"], compiles=r["compiles"]))
+    return [dict(row, vs_hf=row["tokens_s"] / rows[0]["tokens_s"]) for row in rows]
+
+
+def run(lm, config, device, args, say=print) -> list[dict]:
+    """The regimes asked for on build_model's `lm`, `say`-ing a header and each table row as it is
+    measured. -> the rows as dicts."""
+    text, recipe = config.get_text_config(), yaml.safe_load(Path(args.recipe).read_text())
+    dtype = compute_dtype(Config(), device)
+    size, head_dim = dtype.itemsize, getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    sizes = SimpleNamespace(vocab=text.vocab_size, rate=bandwidth(device, args.copy_bytes),
+                            weight_bytes=sum(p.numel() for p in lm.parameters()) * size,
+                            kv_bytes=2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * size)
+    q = stop_probability(args.mean, args.new)
+    # a random model's ids are exchangeable: k of them carry k / vocab of the probability on average. A range,
+    # not a list: rollout cuts a row at its first stop with `token in stops`, token by token
+    stops = range(text.vocab_size - max(1, round(q * text.vocab_size)), text.vocab_size)
+    say(f"{args.shape}{f' narrowed to {args.widths}' if args.widths else ''}, {text.num_hidden_layers} layers, "
+        f"{sizes.weight_bytes / 2**30:.2f} GiB of {dtype} weights on "
+        f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'} ({torch.get_num_threads()} "
+        f"threads); copy bandwidth {sizes.rate / 1e9:.0f} GB/s; prompt {args.prompt}, budget {args.new} tokens")
+    say(f"bound: the bare {dtype} model, τ 1, every row writes {args.new} tokens\ntraining: FSDP world 1 + "
+        f"autocast, {Path(args.recipe).name}: τ {recipe.get('temperature', 1.0)}, top-p {recipe.get('top_p', 1.0)}, "
+        f"top-k {recipe.get('top_k', 0)}, groups of {recipe.get('group_size', 1)}; {len(stops)} stop ids, one "
+        f"drawn w.p. q = {q:.4f} a token: lengths geometric, mean {args.mean:g} truncated at {args.new}; the slab "
+        f"sized by a call of {max(args.batch)} rows first")
+    say("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
+    rows = []
+    for name in ("bound", "training") if args.regime == "both" else (args.regime,):
+        if name == "bound":
+            regime = Regime("bound", copy.deepcopy(lm).to(dtype).eval(),
+                            SimpleNamespace(eos_token_id=text.vocab_size, pad_token_id=0), Sampling(), 1)
+        else:
+            regime = training_regime(lm, device, stops, recipe)
+            timed(regime, random_prompts(max(args.batch), args.prompt, text.vocab_size),
+                  replace(regime.sampling, max_new_tokens=args.new, engine="fast"), device)
+        for batch in args.batch:
+            rows += measure_batch(regime, batch, args, sizes, device)
+            say("\n".join(f"| {r['regime']} | {r['batch']} | {r['engine']} | {r['length_mean']:.1f} [{r['length_min']}, "
+                          f"{r['length_max']}] | {r['decode_s']:.2f} | {r['tokens_s']:,.0f} | {r['bound_tokens_s']:,.0f} | "
+                          f"{r['fraction']:.1%} | {r['vs_hf']:.2f} | {r['compiles']} |" for r in rows[-len(ENGINES):]))
+    return rows
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="Qwen2.5-1.5B-Instruct")
     parser.add_argument("--layers", type=int, default=0, help="decoder layers to keep; 0 = all")
     parser.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--prompt", type=int, default=256)
-    parser.add_argument("--new", type=int, default=1024)
+    parser.add_argument("--new", type=int, default=1024, help="the token budget of a row")
+    parser.add_argument("--mean", type=float, default=0, help="the training regime's mean length; 0 = new / 4")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    parser.add_argument("--regime", choices=("bound", "training", "both"), default="both")
+    parser.add_argument("--recipe", default=str(ROOT / "configs" / "qwen2.5-1.5b_gsm8k_grpo.yaml"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="a CPU smoke size: " + str(QUICK))
+    parser.add_argument("--copy-bytes", type=int, default=2**30, help=argparse.SUPPRESS)
+    parser.set_defaults(widths={})  # HF config overrides (--quick's)
+    args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+    args.mean = args.mean or args.new / 4
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
-    config = AutoConfig.from_pretrained(ROOT / "assets" / "shapes" / args.shape)
-    if args.layers:
-        config.num_hidden_layers = args.layers
-        config.layer_types = config.layer_types[:args.layers] if getattr(config, "layer_types", None) else None
-    torch.manual_seed(0)
-    with torch.device(device):
-        lm = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    text = config.get_text_config()
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    size = torch.finfo(dtype).bits // 8
-    weight_bytes = sum(p.numel() for p in lm.parameters()) * size
-    tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # an id no logit belongs to
-    rate = bandwidth(device)
-    print(f"{args.shape}, {text.num_hidden_layers} layers, {weight_bytes / 2**30:.2f} GiB of {dtype} weights "
-          f"on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU (1 thread)'}; "
-          f"copy bandwidth {rate / 1e9:.0f} GB/s; prompt {args.prompt}, {args.new} new tokens forced")
-    print("| batch | engine | decode s | tokens/s | bound tokens/s | fraction of bound |")
-    print("|---|---|---|---|---|---|")
-    for batch in args.batch:
-        rows = torch.randint(1, config.vocab_size, (batch, args.prompt)).tolist()
-        kv_bytes = batch * (args.prompt + args.new / 2) * 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * size
-        bound = batch / ((weight_bytes + kv_bytes) / rate)
-        times = {"hf": [], "fast": []}
-        for engine in times:
-            timed_call(lm, tok, rows, args.new, engine, device)  # warm-up: compile and capture
-        for _ in range(args.repeats):  # interleaved, so both engines see the same machine
-            for engine in times:
-                full = timed_call(lm, tok, rows, args.new, engine, device)
-                times[engine].append(full - timed_call(lm, tok, rows, 1, engine, device))
-        for engine, ts in times.items():
-            decode = statistics.median(ts)
-            tps = batch * (args.new - 1) / decode
-            print(f"| {batch} | {engine} | {decode:.2f} | {tps:,.0f} | {bound:,.0f} | {tps / bound:.1%} |", flush=True)
-        print(f"| {batch} | fast / hf time | {statistics.median(times['fast']) / statistics.median(times['hf']):.2f} | | | |")
+    lm, config = build_model(args.shape, args.layers, device, **args.widths)
+    run(lm, config, device, args)
+    teardown()
 
 
 if __name__ == "__main__":

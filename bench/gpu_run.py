@@ -25,13 +25,20 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "assets"))
+sys.path[:0] = [str(ROOT), str(ROOT / "assets")]
 from build_tiny_model import build_tokenizer  # noqa: E402
+from config import parse_config  # noqa: E402
+from plan import GiB, estimate, find_shape  # noqa: E402
 
 
-def build(shape: str, out: Path) -> None:
-    """A random-initialised bf16 model of the shape, and a tokenizer of its vocabulary, in `out`."""
-    config = AutoConfig.from_pretrained(ROOT / "assets" / "shapes" / shape)
+def build(shape: str, out: Path, layers: int = 0, **overrides) -> None:
+    """A random-initialised bf16 model of the shape, cut to `layers` decoder layers (0: all), with HF
+    config `overrides` (bench/gpu_check.py's CPU smoke run narrows it), and a tokenizer of its
+    vocabulary, in `out`."""
+    config = AutoConfig.from_pretrained(ROOT / "assets" / "shapes" / shape, **overrides)
+    if layers:
+        config.num_hidden_layers = layers
+        config.layer_types = config.layer_types[:layers] if getattr(config, "layer_types", None) else None
     tok = build_tokenizer(config.vocab_size)
     config.eos_token_id, config.pad_token_id, config.bos_token_id = tok.eos_token_id, tok.pad_token_id, None
     torch.manual_seed(0)
@@ -39,6 +46,28 @@ def build(shape: str, out: Path) -> None:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def recipe_flags(model_dir: Path, steps: int, max_new_tokens: int, prompts: int) -> list[str]:
+    """train.py's flags for `steps` steps of `prompts` prompts × 8 on the model in model_dir."""
+    return ["--model", str(model_dir), "--max-steps", str(steps), "--max-new-tokens", str(max_new_tokens),
+            "--prompts-per-step", str(prompts), "--group-size", "8", "--eval-every", "0",
+            "--gradient-checkpointing", "true", "--parallel", "fsdp", "--lr", "1e-6"]
+
+
+def train(flags: list[str], run: Path) -> list[dict]:
+    """Run train.py with `flags` into the folder `run`; -> its metrics.jsonl rows, one per step."""
+    subprocess.run([sys.executable, "train.py", *flags, "--out", str(run)], cwd=ROOT, check=True)
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def plan_peaks(flags: list[str]) -> dict:
+    """The memory plan's peak (GiB of tensors, one GPU) of the rollout and of the update phases for
+    train.py `flags`: what train.py --plan true --world-size 1 prints, as numbers."""
+    cfg = parse_config(flags)
+    resident, phases = estimate(cfg, find_shape(cfg.model, cfg.trust_remote_code)[0], 1, "cuda")
+    base = sum(n for _, n in resident)
+    return {group: (base + max(ph.total for ph in phases if ph.group == group)) / GiB for group in ("rollout", "update")}
 
 
 def main() -> None:
@@ -53,11 +82,8 @@ def main() -> None:
     model_dir, run = Path(args.out) / args.shape, Path(args.out) / f"{args.shape}-run"
     if not (model_dir / "config.json").is_file():
         build(args.shape, model_dir)
-    flags = ["--model", str(model_dir), "--max-steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens),
-             "--prompts-per-step", str(args.prompts), "--group-size", "8", "--eval-every", "0",
-             "--gradient-checkpointing", "true", "--parallel", "fsdp", "--lr", "1e-6", *args.train_flags]
-    subprocess.run([sys.executable, "train.py", *flags, "--out", str(run)], cwd=ROOT, check=True)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    flags = recipe_flags(model_dir, args.steps, args.max_new_tokens, args.prompts) + args.train_flags
+    rows = train(flags, run)
     print(f"\n{args.shape}: {args.prompts} prompts × 8, {args.max_new_tokens}-token budget, bf16, FSDP")
     print("| step | rollout s | generated tok/s | update s | trained tok/s | rollout share | rollout peak GiB | "
           "update peak GiB |")
