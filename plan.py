@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.integrations import sdpa_attention
 
 import algos
 from config import chunking
@@ -168,6 +169,13 @@ def layer_activations(s: Shape, b: int) -> int:
     return norms + attention + qk_norms + 4 * b * s.intermediate
 
 
+def decode_repeats_kv(s: Shape) -> bool:
+    """Whether HF's sdpa attention copies a layer's keys and values to every query head in a decode
+    step of padded rows (repeat_kv), as transformers < 5.23 does for grouped-query models; later
+    ones run that step on the key/value heads (sdpa_attention.pack_gqa)."""
+    return s.kv_heads < s.heads and not hasattr(sdpa_attention, "pack_gqa")
+
+
 def logits_copies(temperature: float, top_p: float, top_k: int) -> int:
     """fp32 [sequences, vocab] tensors alive at a sampling step of HF generate: the fp32 copy of
     the logits, the probabilities and multinomial's draw, plus one per warper that rewrites them
@@ -257,6 +265,9 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
               ("KV cache growth: torch.cat copies one layer", seqs * context * kv_token / s.layers / 2),
               ("sampling: logits and fp32 copies [sequences, vocab]",
                seqs * s.vocab * (t.bytes + 4 * logits_copies(*sampling)))]
+    if decode_repeats_kv(s):
+        decode.append(("sdpa: one layer's keys/values repeated to every head",
+                       seqs * context * 2 * s.heads * s.head_dim * t.kv_bytes))
     return [Phase(f"{label}: prefill", weights + prefill_rows(cfg, s, t, seqs, chunks), label),
             Phase(f"{label}: last decode step", weights + decode, label)]
 

@@ -206,12 +206,22 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     if by_engine(lm, sampling):
         return decode(lm, tokenizer, rows, sampling, width=width, cache=cache)
     input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
+    chunk = sampling.prefill_chunk or None
+    if cache is not None and chunk:
+        # transformers < 5.21 chunks a prefill from column 0 even when `cache` holds the first
+        # columns, feeding them twice; so the uncached columns but the last are fed here, `chunk`
+        # a forward (as the cache itself was, by prefill), and generate reads the last one
+        start = cache.get_seq_length()
+        if start < input_ids.shape[1] - 1:
+            with inference(lm):
+                forward_columns(lm, input_ids[:, :-1], attention_mask[:, :-1], cache, start, chunk)
+        chunk = None
     greedy = sampling.temperature == 0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else sampling.temperature,
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
         max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=sampling.prefill_chunk or None)
+        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
     recorder = SamplerLogProbs(sampling.temperature)
     with inference(lm):
         # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
