@@ -210,6 +210,7 @@ class Engine:
 
     _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     compiles = 0  # graphs compiled for engine steps in this process, every engine together
+    graph_resets = 0  # calls that dropped the recorded CUDA graphs (an address moved), every engine together
 
     @classmethod
     def of(cls, lm, compile: str = "auto") -> "Engine":
@@ -340,6 +341,7 @@ class Engine:
             if self.compiled and self.device.type == "cuda":
                 from torch._inductor.cudagraph_trees import reset_cudagraph_trees
                 reset_cudagraph_trees()
+                Engine.graph_resets += 1
         self._pointers = pointers
 
     def release(self) -> None:
@@ -467,9 +469,11 @@ class Engine:
 COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
 
 
-def compile_count() -> int:
-    """Graphs compiled for engine steps so far in this process (the metric engine/compiles)."""
-    return Engine.compiles
+def counts() -> dict:
+    """What the engines of this process have done so far that costs time outside the decode: the
+    graphs compiled (engine/compiles) and the calls that dropped their recorded CUDA graphs because
+    an address had moved, to record them anew (engine/graph_resets; always 0 off CUDA)."""
+    return {"engine/compiles": Engine.compiles, "engine/graph_resets": Engine.graph_resets}
 
 
 def counted_backend(kind: str, device: torch.device):
