@@ -45,7 +45,7 @@ How an inference engine works, top to bottom:
   resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
   place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
   When the slab comes back from the allocator elsewhere, or a plain model's weight went to new
-  storage, the recorded CUDA graphs are dropped and recorded anew (the compiled code stays).
+  storage, torch records the CUDA graphs anew (the compiled code stays); engine/moved counts it.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -210,7 +210,7 @@ class Engine:
 
     _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     compiles = 0  # graphs compiled for engine steps in this process, every engine together
-    graph_resets = 0  # calls that dropped the recorded CUDA graphs (an address moved), every engine together
+    moved = 0  # calls that found the slab or a weight at a new address (CUDA: graphs recorded anew), all engines
 
     @classmethod
     def of(cls, lm, compile: str = "auto") -> "Engine":
@@ -301,11 +301,11 @@ class Engine:
             capacity = graph_columns(capacity) + 1  # compiler would trace as a graph of its own
         have_rows, have_cols = (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
         if rows <= have_rows and capacity <= have_cols and self.keys[0].dtype == like.layers[0].keys.dtype:
-            hold(self.keys + self.values)
             for t in self.keys + self.values:
                 t.zero_()
             return
         rows, capacity = max(rows, have_rows), max(capacity, have_cols)
+        let_go(self.keys + self.values)  # the old slab goes before the new one is allocated
         # zeros, not empty: attention multiplies the unfilled columns it reads by a probability
         # of 0, and 0 · NaN from uninitialised memory would be NaN
         self.keys = [layer.keys.new_zeros(rows, layer.keys.shape[1], capacity, layer.keys.shape[3])
@@ -330,18 +330,15 @@ class Engine:
                                              if self.keys else [])
 
     def _fresh(self, lm) -> None:
-        """Drop the recorded CUDA graphs when an address they read has moved (the slab or the copy
-        came back elsewhere, a weight of a plain model went to new storage): a recorded graph reads
-        the addresses it was recorded with. Torch would record anew for the new addresses anyway;
-        dropping the old recordings keeps them from piling up call after call. The compiled code
-        stays: addresses are not among dynamo's guards."""
-        pointers = tuple(p.data_ptr() for p in lm.parameters()) + tuple(k.data_ptr() for k in self.keys)
+        """Count a call that finds the slab or a weight at another address than the last one did
+        (the slab came back elsewhere from the allocator, a plain model's weight went to new
+        storage). A recorded CUDA graph reads the addresses it was recorded with: torch records
+        such a graph anew for the new addresses (static inputs, mark_static_address), and the
+        compiled code stays, since addresses are not among dynamo's guards."""
+        pointers = tuple(t.data_ptr() for t in [*lm.parameters(), *self.keys, *self.values])
         if pointers != self._pointers and self._pointers is not None:
             self.moves += 1
-            if self.compiled and self.device.type == "cuda":
-                from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-                reset_cudagraph_trees()
-                Engine.graph_resets += 1
+            Engine.moved += 1
         self._pointers = pointers
 
     def release(self) -> None:
@@ -398,6 +395,7 @@ class Engine:
         log-probs under the sampler (a row runs on after its stop id; the caller cuts there)."""
         n, w = ids.shape
         lm = self._model()
+        hold(self.keys + self.values)  # first: the prefill's tensors must not take the slab's place
         with inference(lm):
             lm = self.runner(lm)
             cache, copies, logits = self.prefill(lm, ids, mask, prefix=prefix, chunk=prefill_chunk)
@@ -471,9 +469,9 @@ COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
 
 def counts() -> dict:
     """What the engines of this process have done so far that costs time outside the decode: the
-    graphs compiled (engine/compiles) and the calls that dropped their recorded CUDA graphs because
-    an address had moved, to record them anew (engine/graph_resets; always 0 off CUDA)."""
-    return {"engine/compiles": Engine.compiles, "engine/graph_resets": Engine.graph_resets}
+    graphs compiled (engine/compiles), and the calls that found the slab or a weight at a new
+    address (engine/moved: on CUDA, their CUDA graphs are recorded anew)."""
+    return {"engine/compiles": Engine.compiles, "engine/moved": Engine.moved}
 
 
 def counted_backend(kind: str, device: torch.device):
@@ -518,6 +516,7 @@ def inference_copy(lm, dtype: torch.dtype) -> torch.nn.Module:
     with torch.device("meta"):
         twin = type(base)(copy.deepcopy(base.config))
     twin.to_empty(device=next(lm.parameters()).device)
+    twin.tie_weights()  # to_empty gave the tied LM head and embeddings a tensor each
     for p in twin.parameters():
         p.data = p.data.to(dtype)
     return twin.eval().requires_grad_(False)
@@ -535,11 +534,12 @@ def refresh(twin, lm) -> None:
             weight = getattr(source, key)
             copied.add(id(weight))
             weight = whole(weight)
+            if key == "weight" and hasattr(source, "lora_A"):
+                copied |= {id(t) for t in [*source.lora_A.parameters(), *source.lora_B.parameters()]}
             if key == "weight" and hasattr(source, "lora_A") and not getattr(source, "disable_adapters", False):
                 weight = weight.float()
                 for adapter in source.active_adapters:
                     a, b = source.lora_A[adapter].weight, source.lora_B[adapter].weight
-                    copied |= {id(a), id(b)}
                     weight = weight + source.scaling[adapter] * (whole(b).float() @ whole(a).float())
             p.copy_(weight)
         for key, b in module.named_buffers(recurse=False):

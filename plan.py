@@ -229,16 +229,17 @@ def resident_rows(cfg, s: Shape, t: Target) -> list:
     return rows
 
 
-def gathered_rows(cfg, s: Shape, t: Target) -> list:
-    """Weights a generate call runs on: under FSDP every layer gathered at once
-    (parallel.full_weights; with the engine, copied into its inference copy, counted resident);
+def gathered_rows(cfg, s: Shape, t: Target, generating: bool = False) -> list:
+    """Weights a forward runs on: under FSDP every layer gathered at once (parallel.full_weights;
+    while the engine generates, copied into its inference copy, counted resident, and resharded);
     DDP under bf16 autocast caches a bf16 copy of each matmul weight that requires grad (with
-    LoRA: only the adapters), unless the engine decodes from its copy."""
-    if t.mode == "fsdp" and engine_copy(cfg, t):  # the layers are resharded once copied (Engine.runner)
+    LoRA: only the adapters), unless the engine generates, from its copy."""
+    copied = generating and engine_copy(cfg, t)
+    if t.mode == "fsdp" and copied:  # the layers are resharded once copied (Engine.runner)
         return [(f"root group gathered (embeddings, norm, LM head), {_dtype(t.bytes)}", s.root_params * t.bytes)]
     if t.mode == "fsdp":
         return [(f"all weights gathered, {_dtype(t.bytes)}", (s.params + lora_params(cfg, s)) * t.bytes)]
-    if t.bytes == 2 and not engine_copy(cfg, t):
+    if t.bytes == 2 and not copied:
         matmul = lora_params(cfg, s) or s.params - (0 if s.tied else s.vocab * s.hidden)  # all but an untied embedding
         return [("autocast's bf16 copies of the matmul weights", matmul * 2)]
     return []
@@ -255,7 +256,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
-    weights = gathered_rows(cfg, s, t)
+    weights = gathered_rows(cfg, s, t, generating=True)
     if t.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
         prefilled = seqs // cfg.group_size if chunks == 1 else seqs  # a group's prompt is prefilled once
         copy = [("engine: one layer's prefill keys/values copied to every row", seqs * p * kv_token / s.layers)]
