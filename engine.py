@@ -45,7 +45,7 @@ How an inference engine works, top to bottom:
   resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
   place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
   When the slab comes back from the allocator elsewhere, or a plain model's weight went to new
-  storage, torch records the CUDA graphs anew (the compiled code stays); engine/moved counts it.
+  storage, torch records the CUDA graphs anew (the compiled code stays); Engine.moved counts it.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -467,11 +467,11 @@ class Engine:
 COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
 
 
-def counts() -> dict:
-    """What the engines of this process have done so far that costs time outside the decode: the
-    graphs compiled (engine/compiles), and the calls that found the slab or a weight at a new
-    address (engine/moved: on CUDA, their CUDA graphs are recorded anew)."""
-    return {"engine/compiles": Engine.compiles, "engine/moved": Engine.moved}
+def compile_count() -> int:
+    """Graphs compiled for engine steps so far in this process (train.py logs engine/compiles).
+    Engine.moved counts the calls that found the slab or a weight at a new address (on CUDA, their
+    graphs are recorded anew; bench/gpu_check.py reports it)."""
+    return Engine.compiles
 
 
 def counted_backend(kind: str, device: torch.device):

@@ -53,7 +53,7 @@ from algos.high_entropy import high_entropy
 from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
 from config import (Config, budget, check_prompts_fit, chunking, eval_settings, learning_rate, load_problems,
                     parse_config, validate)
-from engine import counts as engine_counts
+from engine import compile_count
 from eval import evaluate
 from lora import AdaptersOff, adapter_state, add_lora, check_targets, require_peft, save_adapter
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
@@ -791,7 +791,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
                         sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
-    engine_before = engine_counts()  # what the engine did before this run (another run in this process)
+    compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
@@ -818,8 +818,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0],
-                        **{k: v - engine_before[k] for k, v in engine_counts().items()}})
+                        "lr": scheduler.get_last_lr()[0], "engine/compiles": compile_count() - compiled})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])

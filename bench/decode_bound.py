@@ -24,7 +24,7 @@ A call's decode steps read every weight once a step and each token's K and V con
 only tokens written up to each row's stop count). Bandwidth: a device-to-device copy's (read +
 write). Decode time: a call's time minus the same call's with 1 new token. Each engine first runs
 one untimed call per batch (compiling and capturing once per run, not per rollout); `compiles`
-counts graphs compiled in the timed calls (engine.counts). On CPU only ratios mean much.
+counts graphs compiled in the timed calls (engine.compile_count). On CPU only ratios mean much.
 """
 from __future__ import annotations
 
@@ -149,10 +149,10 @@ def measure_batch(regime: Regime, batch: int, args, sizes, device) -> list[dict]
     runs = {e: dict(decode=0.0, bound=0.0, lengths=[], compiles=0) for e in ENGINES}
     for _ in range(args.repeats):
         for e, call in calls.items():
-            before = engine.counts()["engine/compiles"]
+            before = engine.compile_count()
             full, lengths = call(args.new)
             runs[e]["decode"] += full - call(1)[0]
-            runs[e]["compiles"] += engine.counts()["engine/compiles"] - before
+            runs[e]["compiles"] += engine.compile_count() - before
             runs[e]["lengths"] += lengths
             columns = sum((n - 1) * args.prompt + (n - 1) * n / 2 for n in lengths)
             runs[e]["bound"] += ((max(lengths) - 1) * sizes.weight_bytes + columns * sizes.kv_bytes) / sizes.rate

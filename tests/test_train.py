@@ -181,12 +181,10 @@ def two_nodes(out, *args) -> list[dict]:
 
 
 def same_run(a: list[dict], b: list[dict]) -> bool:
-    """Every logged value but the timings, the sampler/trainer mismatch and engine/moved is equal,
-    step by step. (The mismatch is fp32 rounding, ~1e-5, and rounding follows the thread count: a
-    one-rank "node" runs 2 threads where torchrun gives each of 2 local ranks 1. engine/moved
-    follows the addresses the memory allocator hands out.)"""
-    untimed = [{k: v for k, v in row.items() if not k.startswith(("time/", "mismatch/", "engine/moved"))}
-               for row in a + b]
+    """Every logged value but the timings and the sampler/trainer mismatch is equal, step by step.
+    (The mismatch is fp32 rounding, ~1e-5, and rounding follows the thread count: a one-rank
+    "node" runs 2 threads where torchrun gives each of 2 local ranks 1.)"""
+    untimed = [{k: v for k, v in row.items() if not k.startswith(("time/", "mismatch/"))} for row in a + b]
     return untimed[:len(a)] == untimed[len(a):]
 
 
