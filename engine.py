@@ -45,7 +45,7 @@ How an inference engine works, top to bottom:
   resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
   place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
   When the slab comes back from the allocator elsewhere, or a plain model's weight went to new
-  storage, torch records the CUDA graphs anew (the compiled code stays); Engine.moved counts it.
+  storage, torch records the CUDA graphs anew (the compiled code stays); Engine.moves counts it.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -210,7 +210,6 @@ class Engine:
 
     _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     compiles = 0  # graphs compiled for engine steps in this process, every engine together
-    moved = 0  # calls that found the slab or a weight at a new address (CUDA: graphs recorded anew), all engines
 
     @classmethod
     def of(cls, lm, compile: str = "auto") -> "Engine":
@@ -338,7 +337,6 @@ class Engine:
         pointers = tuple(t.data_ptr() for t in [*lm.parameters(), *self.keys, *self.values])
         if pointers != self._pointers and self._pointers is not None:
             self.moves += 1
-            Engine.moved += 1
         self._pointers = pointers
 
     def release(self) -> None:
@@ -469,8 +467,8 @@ COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
 
 def compile_count() -> int:
     """Graphs compiled for engine steps so far in this process (train.py logs engine/compiles).
-    Engine.moved counts the calls that found the slab or a weight at a new address (on CUDA, their
-    graphs are recorded anew; bench/gpu_check.py reports it)."""
+    Engine.moves counts, per engine, the calls that found the slab or a weight at a new address (on
+    CUDA, their graphs are recorded anew; bench/gpu_check.py reports it)."""
     return Engine.compiles
 
 

@@ -430,8 +430,7 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
         resident += pool
         if t.mode == "fsdp":  # the moment the gathered weights are copied into the engine's copy
             phases.append(Phase("rollout: gathered weights copied into the engine's copy",
-                                [(f"all weights gathered, {_dtype(t.bytes)}", (shape.params + lora_params(cfg, shape))
-                                  * t.bytes)], "rollout"))
+                                gathered_rows(cfg, shape, t), "rollout"))
     return resident, phases + update_phases(cfg, shape, t)
 
 

@@ -139,7 +139,8 @@ def rng(device, quick: bool, out: Path):
 
     def rate(r):
         return f"{r['rate']:.4f} vs Σp² {square:.4f}, p = {r['p_value']:.3f}"
-    lines = [(f"χ² of {data['draws']:,} draws in {BINS} bins ∝ 1..{BINS} ({BINS - 1} dof)", f"{chi2:.1f}, p = {chi2_p:.3f}"),
+    lines = [(f"χ² of {data['draws']:,} draws in {BINS} bins ∝ 1..{BINS} ({BINS - 1} dof)",
+              f"{chi2:.1f}, p = {chi2_p:.3f}"),
              ("a token repeats its row's previous bin", rate(successive)),
              ("call 2 repeats call 1's bin (same row, step)", rate(across)),
              ("call 2 repeats call 1's token", f"{same_token} (expected {data['same_token_expected']:.2f})")]
@@ -148,13 +149,12 @@ def rng(device, quick: bool, out: Path):
 
 def decode(device, quick: bool, out: Path):
     from decode_bound import build_model, parse_args, run
-    sizes = "--quick" if quick else "--batch 64 128 256 --prompt 128 --new 128 --repeats 1"
     from engine import Engine
+    sizes = "--quick" if quick else "--batch 64 128 256 --prompt 128 --new 128 --repeats 1"
     args = parse_args(["--device", device.type, *sizes.split()])
     lm, config = build_model(args.shape, args.layers, device, **args.widths)
-    moved = Engine.moved
     rows = run(lm, config, device, args)  # prints its own table as it goes
-    moved = Engine.moved - moved  # calls that found the slab elsewhere: on CUDA, graphs recorded anew
+    moved = Engine.of(lm).moves  # calls that found the slab elsewhere: on CUDA, graphs recorded anew
     lines = [(f"{r['regime']}, batch {r['batch']}, {r['engine']}",
               f"{r['fraction']:.1%} of bound, {r['tokens_s']:,.0f} tok/s, ×{r['vs_hf']:.2f} hf, mean length "
               f"{r['length_mean']:.0f}, compiles {r['compiles']}") for r in rows]
@@ -252,7 +252,8 @@ def main() -> None:
             data, lines, failed = dict(error=error), [("failed", error.splitlines()[0])], True
         seconds = time.perf_counter() - t0
         report["parts"][name] = dict(data, seconds=seconds, estimate_s=estimate)
-        table += [(name, what, value) for what, value in lines] + [(name, "seconds (estimate)", f"{seconds:.0f} ({estimate})")]
+        table += [(name, what, value) for what, value in lines]
+        table.append((name, "seconds (estimate)", f"{seconds:.0f} ({estimate})"))
         out.write_text(json.dumps(report, indent=1))
         release(device)
     print(f"\n{report['device']}, torch {report['torch']}{' (--quick)' if args.quick else ''}; wrote {out}")

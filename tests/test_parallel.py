@@ -143,12 +143,12 @@ def compiled_rounds(model_dir, rank, world, mode: str, lora: bool) -> dict:
     scorer = wrap(ResponseLogProbs(lm), mode=mode, world=world, device=CPU, dtype=torch.float32)
     opt = torch.optim.SGD([p for p in lm.parameters() if p.requires_grad], lr=0.05)
     batch = collate(make_episodes()[:4], 0, CPU)
-    before, rounds = engine.Engine.compiles, []
+    before, rounds = engine.compile_count(), []
     for _ in range(3):
         with full_weights(scorer):
             hf = greedy_tokens(lm, tok, mine)
             fast = greedy_tokens(lm, tok, mine, engine="fast", compile="eager")
-        rounds.append({"hf": hf, "fast": fast, "compiles": engine.Engine.compiles - before})
+        rounds.append({"hf": hf, "fast": fast, "compiles": engine.compile_count() - before})
         logp = scorer(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)["logp"]
         logp.sum().backward()  # make the likelier tokens likelier still: the weights move every round
         opt.step()
