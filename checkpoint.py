@@ -18,6 +18,7 @@ are dropped and TensorBoard purges them, so a replayed step is logged once.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -30,8 +31,9 @@ import yaml
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from model import unreadable
-from parallel import all_reduce_sum
+from lora import lora_files
+from model import load_trainer_state, save_checkpoint, save_hf, unreadable
+from parallel import all_reduce_sum, compute_dtype, full_state_dict, load_train_state, save_train_state
 
 COMPLETE = ("trainer_state.pt", "train_config.yaml", "train_state/.metadata")  # every checkpoint, and its weights:
 WEIGHTS = {False: ("config.json", "model.safetensors"),  # a full fine-tune's HF folder
@@ -222,6 +224,66 @@ def truncate_logs(run: Path, last_step: int) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- a training run's
+
+def resume(start: Path | None, lm, optimizer, scheduler, cfg, world: int, say) -> dict:
+    """Load checkpoint `start` into the run (every rank): the exact fp32 weights and AdamW state
+    (DCP shards), the lr schedule; say what this launch changes. Returns the trainer state: step,
+    data_pos (prompts handed out so far), stream (tasks.PromptStream.state); a fresh run's for None."""
+    if start is None:
+        return {"step": 0, "data_pos": 0}
+    state = load_trainer_state(start)
+    load_train_state(start / "train_state", lm, optimizer)
+    scheduler.load_state_dict(state["scheduler"])
+    say(f"resumed at step {state['step']} (prompt {state['data_pos']}) from {start}")
+    for k, was in saved_config(start).items():
+        if k not in ("resume", "out") and hasattr(cfg, k) and was != getattr(cfg, k):
+            say(f"resume: {k} {was} -> {getattr(cfg, k)} (given on this launch)")
+    if state.get("world", world) != world:
+        say(f"warning: the checkpoint was written by {state['world']} rank(s), this run has {world}: it continues, "
+            f"but sampling is seeded per rank, so its trajectory differs from the uninterrupted run's")
+    return state
+
+
+def open_run(run: Path, cfg, logged: int, say) -> None:
+    """Global rank 0 readies the run folder: what a killed save left is removed, checkpoints after
+    the one resumed from are set aside, log rows after step `logged` dropped (they are replayed),
+    and config.yaml written (and said)."""
+    removed = clean_partials(run)
+    if removed:
+        say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
+    for name in set_aside_later(run, logged):
+        say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
+    if cfg.resume:
+        truncate_logs(run, logged)
+    settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+    (run / "config.yaml").write_text(settings)
+    say(settings)
+
+
+def save_run(run: Path, step: int, *, cfg, lm, optimizer, adapters, trainer_state: dict, hf_config, tokenizer,
+             rank: int, device) -> None:
+    """Checkpoint step-N of a training run (every rank calls: the weights are gathered, the optimizer
+    state written as shards): HF weights in save_dtype, or with LoRA the files of lora.lora_files,
+    plus trainer_state.pt and train_config.yaml, which --resume reads."""
+    dtype = {"auto": compute_dtype(cfg, device), "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
+    if adapters is None:
+        weights, more = full_state_dict(lm, dtype), None
+    else:
+        weights, more = {}, lora_files(lm, adapters, dtype=dtype, scale=cfg.lora_alpha / cfg.lora_rank,
+                                       merge=cfg.lora_save_merged or step == cfg.max_steps)
+
+    def rank0_files(path):
+        save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=trainer_state,
+                        run_config=dataclasses.asdict(cfg))
+        weights.clear()  # rank 0's full CPU copy goes before the sharded state is written
+        if more:
+            more(path, lambda folder, w: save_hf(folder, config=hf_config, tokenizer=tokenizer, weights=w))
+
+    save(run, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
+         sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
 
 # ----------------------------------------------------------------------------- writing one

@@ -1,4 +1,6 @@
-"""Grading model-written Python programs against tests, each run in the sandbox (sandbox.py).
+"""Code problems: grading model-written Python programs against tests, each run in the sandbox
+(sandbox.py), and `CodeTask`, the task of a file of code problems (`--data code.jsonl`; data.py
+imports this module only for such a file, so a run without code never loads the sandbox).
 
 A code problem's tests come in one of the two shapes public datasets use:
 
@@ -38,13 +40,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import textwrap
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from sandbox import Result, Sandbox
+from rewards import DataError, Problem, Verdict
+from sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
+from tasks import CODE_FIELDS, PROMPT_FIELDS, Task, code_prompt, records, row_field
 
 MAX_PROGRAM_CHARS = 100_000  # a longer program is no sane solution: scored 0 ("too_long") unrun
 PYTHON_FENCES = {"python", "py", "python3"}  # the info strings that mark a Python block
@@ -253,3 +259,93 @@ def _answers(stdout: str) -> dict[int, list[tuple[bool, object]]]:
             except (ValueError, TypeError, RecursionError):  # not three items; an unhashable index
                 continue
     return answers
+
+
+# ----------------------------------------------------------------------------- the task of a file of code problems
+
+PROGRAM_FAILURES = ("timeout", "crash", "output_limit")  # how a program fails a test besides a wrong output
+GRADER_FAILURES = ("budget", "sandbox", "error")  # a CodeVerdict failure that is no fault of the program
+
+
+class CodeTask(Task):
+    """Code problems from a data file: each row has a prompt and its tests, stdin/stdout pairs or
+    function calls (code_grader.parse_tests), and an optional `starter_code`; the prompt is put into
+    the `template` recipe (CODE_TEMPLATES; "" = as it is). A response scores 1 when the program of
+    its last ```python block passes every test, run in the sandbox (`isolation`, `timeout` seconds
+    and `memory` MiB per run) by `workers` threads, each batch within `budget` seconds. The share of
+    tests passed and how programs failed are Verdict.details; a program's failure (timeout, crash,
+    flood) is a wrong answer, only the grader's own (budget, sandbox error) counts as a grader failure.
+
+    A problem's answer names its row ("path:line") and the tests stay here, so that samples, logs
+    and the episodes gathered over ranks never carry megabytes of test data."""
+
+    name = "code"
+
+    def __init__(self, path: str, *, template: str = "", isolation: str = "auto", timeout: float = 5.0,
+                 memory: int = 1024, workers: int = 4, budget: float = 0.0):
+        self.template, self.budget = template, budget
+        self.tests: dict = {}  # Problem.answer -> its CodeTests
+        self.problems = self.read(path)
+        box, self.warnings = code_sandbox(isolation, Limits(timeout=timeout, memory=memory << 20))
+        self.grader = CodeGrader(box, workers)
+
+    def read(self, path: str) -> list[Problem]:
+        """The problems of a file of code problems (this task's, or its --eval-data); their tests
+        are kept here."""
+        problems = []
+        for lineno, row in records(path):
+            field = next((name for name in CODE_FIELDS if row.get(name) is not None), None)
+            if field is None:
+                raise DataError(f"{path}:{lineno}: missing field: expected one of {', '.join(CODE_FIELDS)} "
+                                f"(every row of a file of code problems has its tests)")
+            try:
+                tests = parse_tests(row[field], f"{path}:{lineno}: {field}")
+            except CodeTestsError as e:
+                raise DataError(str(e)) from None
+            key = f"{path}:{lineno}"
+            self.tests[key] = tests
+            prompt = row_field(row, PROMPT_FIELDS, path, lineno)
+            problems.append(Problem(code_prompt(prompt, tests.fn_name, row.get("starter_code"), self.template), key))
+        return problems
+
+    def splits(self) -> tuple[list[Problem], list[Problem]]:
+        return self.problems, []  # its held-out problems are another file's (--eval-data)
+
+    def grade(self, problem: Problem, response: str) -> Verdict:
+        return self.grade_batch([(problem, response)], 0.0)[0]
+
+    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
+        known = [problem.answer in self.tests for problem, _ in items]
+        runs = iter(self.grader.grade_all([(response, self.tests[problem.answer])
+                                           for (problem, response), ok in zip(items, known) if ok], budget))
+        return [code_verdict(next(runs), response) if ok else Verdict(0.0, failure="error")
+                for (_, response), ok in zip(items, known)]
+
+
+def code_verdict(run: CodeVerdict, response: str) -> Verdict:
+    """A CodeVerdict as the trainer's Verdict. maj@n votes on the program; details hold the share of
+    tests passed and, 0 or 1 each, whether there was no program and how the program failed."""
+    program = extract_program(response)
+    details = {"code/tests_passed": run.fraction, "code/no_program": float(run.failure in ("no_code", "too_long")),
+               **{f"code/{failure}": float(run.failure == failure) for failure in PROGRAM_FAILURES}}
+    return Verdict(run.reward, program.strip() if program else None,
+                   run.failure if run.failure in GRADER_FAILURES else "", details)
+
+
+def code_sandbox(isolation: str, limits: Limits) -> tuple[Sandbox, tuple[str, ...]]:
+    """The sandbox code problems run in, and its warning when it isolates less than bwrap (said
+    once, by rank 0, rather than by every rank's warnings module). Programs need only the standard
+    library, so where our interpreter cannot serve (as root without bwrap, the programs' uid cannot
+    reach one under /root) the system's /usr/bin/python3 runs them."""
+    first_error = ""
+    for python in (sys.executable, "/usr/bin/python3"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SandboxWarning)
+                box = Sandbox(isolation, python=python, limits=limits)
+        except SandboxError as e:
+            first_error = first_error or str(e)
+            continue
+        note = isolation_note(box.isolation, box.root, box.passed_over, box.uid_base)
+        return box, (note,) if note else ()
+    raise DataError(f"--sandbox {isolation}: {first_error}")

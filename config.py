@@ -24,8 +24,7 @@ from checkpoint import resolve_resume, saved_config
 from model import check_context
 from rewards import DataError, Problem
 from rollout import Chunking, Sampling, encode_prompts
-from tasks import (CODE_TEMPLATES, TASKS, CodeTask, MixedTask, domain_name, has_own_splits, is_code_file, make_task,
-                   prompt_template, with_template)
+from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
@@ -268,8 +267,8 @@ def validate(cfg: Config, world: int) -> None:
          f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
         (not (cfg.chat_template and "<|im_start|>" in prompt_template(cfg.prompt_template or "{problem}")),
          f"--prompt-template {cfg.prompt_template} is already in the chat format: set chat_template false"),
-        (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= budget(cfg),
-         f"overlong_cache must be in [0, {budget(cfg)}] (the response budget; 0 = a fifth of it)"),
+        (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= response_tokens(cfg),
+         f"overlong_cache must be in [0, {response_tokens(cfg)}] (the response budget; 0 = a fifth of it)"),
         *data_checks(cfg),
         (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
          "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
@@ -428,9 +427,9 @@ def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
                     max_chunks=chunks)
 
 
-def budget(cfg: Config) -> int:
+def response_tokens(cfg: Config) -> int:
     """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
-    return chunking(cfg).budget(cfg.max_new_tokens)
+    return chunking(cfg).max_tokens(cfg.max_new_tokens)
 
 
 def learning_rate(cfg: Config) -> float:
@@ -454,42 +453,3 @@ def check_prompts_fit(cfg: Config, tokenizer, hf_config, problems) -> None:
     check_context(tokenizer, hf_config, [p.prompt for p in problems],
                   lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template),
                   cfg.max_new_tokens)
-
-
-def load_problems(cfg: Config):
-    """(task, train problems, held-out problems), read and checked before any model is loaded. In a
-    mixed run (several --data sources) the task is a MixedTask, every problem carries its source's
-    name (Problem.domain), and each source keeps eval_problems held-out problems."""
-    srcs, mixed, evals = sources(cfg), "," in cfg.data, held_out_files(cfg)
-    code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
-                memory=cfg.sandbox_memory)
-    tasks, train, heldout = {}, [], []
-    for src, held_out in zip(srcs, evals):
-        task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
-                         sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
-                         grade_budget=cfg.grade_budget, code=code,
-                         reward="" if mixed and is_code_file(src) else cfg.reward)  # a code file has its tests
-        problems, held = task.splits()
-        if held_out:
-            held = task.read(held_out)
-        held = held[:cfg.eval_problems or None]
-        if not isinstance(task, CodeTask):  # a code file's recipe (--code-template) chose its prompts
-            problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
-        name = domain_name(src)
-        if mixed:
-            problems, held = ([dataclasses.replace(p, domain=name) for p in ps] for ps in (problems, held))
-        tasks[name] = task
-        train += problems
-        heldout += held
-    code_files = [src for src, task in zip(srcs, tasks.values()) if isinstance(task, CodeTask)]
-    unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
-              if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default]
-    if unread and not code_files:
-        raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
-                        f"with tests), so nothing reads it; leave it at its default")
-    if cfg.prompt_template and len(code_files) == len(srcs):
-        raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
-                        f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
-    if not mixed:
-        return task, train, heldout
-    return MixedTask(tasks, dict(zip(tasks, data_weights(cfg)))), train, heldout

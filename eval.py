@@ -40,8 +40,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rewards import grade_batch
+from rewards import DataError, grade_batch
 from rollout import Chunking, Sampling, encode_prompts, generate
+from tasks import detail_means, has_own_splits, per_domain, records
 
 PRESETS = {  # sampling at eval; "paper": ROVER, PACS and NSR evaluation settings (docs/math.md §6)
     "config": {},
@@ -107,11 +108,7 @@ def summarize(records: list[dict], ks: list[int]) -> dict:
         out.update({"eval/length": sum(s["length"] for s in samples) / len(samples),
                     "eval/truncated": sum(s["truncated"] for s in samples) / len(samples)})
     out["eval/grader_failures"] = float(sum(bool(s["failure"]) for s in samples + greedy))
-    details: dict[str, list] = {}
-    for s in samples:
-        for name, value in s.get("details", {}).items():
-            details.setdefault(name, []).append(value)
-    out.update({f"eval/{name}": sum(v) / len(v) for name, v in details.items()})
+    out.update({f"eval/{name}": v for name, v in detail_means([s.get("details", {}) for s in samples]).items()})
     return out
 
 
@@ -121,7 +118,7 @@ def summarize_domains(records: list[dict], ks: list[int]) -> dict:
     out = summarize(records, ks)
     for domain in dict.fromkeys(r["domain"] for r in records if "domain" in r):
         mine = summarize([r for r in records if r.get("domain") == domain], ks)
-        out.update({f"eval/{domain}/{name[5:]}": value for name, value in mine.items()})
+        out.update({per_domain(name, domain): value for name, value in mine.items()})
     return out
 
 
@@ -167,8 +164,6 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
     from config import Parser, _parser_for, parse_config
-    from rewards import DataError
-    from tasks import has_own_splits
 
     parser = Parser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -218,7 +213,8 @@ def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import check_prompts_fit, eval_settings, load_problems, validate
+    from config import check_prompts_fit, eval_settings, validate
+    from data import load
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
@@ -226,7 +222,7 @@ def main(argv=None) -> None:
     try:
         args, cfg = parse_args(argv)
         validate(cfg, world=1)
-        task, _, problems = load_problems(cfg)
+        task, _, problems = load(cfg)
         if not problems:
             raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
         if first:
@@ -281,8 +277,6 @@ def main(argv=None) -> None:
 
 def read_responses(path: str, problems: list, data: str) -> dict[int, list[str]]:
     """--responses FILE -> {problem index: its responses, in file order}; every mistake names the line."""
-    from rewards import DataError
-    from tasks import records
 
     if not Path(path).is_file():
         raise DataError(f"--responses {path}: no such file")
@@ -301,7 +295,6 @@ def read_responses(path: str, problems: list, data: str) -> dict[int, list[str]]
 def response_ks(ks: list[int], *, explicit: bool, responses: dict[int, list[str]]) -> list[int]:
     """The pass@k values for given responses: each k needs every graded problem to have k responses.
     Asked for with --k, a k beyond that is an error; else the config's are kept where they fit."""
-    from rewards import DataError
 
     fewest = min(map(len, responses.values()))
     if explicit and max(ks) > fewest:

@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from parallel import decoder_layers, full_tensor
+from parallel import decoder_layers, full_state_dict, full_tensor
 
 ADAPTER = "default"  # peft's name for the one adapter; its tensors are <layer>.lora_A.default.weight
 
@@ -134,6 +134,24 @@ def save_adapter(path: Path, adapters, state: dict) -> None:
     save_file(get_peft_model_state_dict(adapters, state_dict=state), str(path / "adapter_model.safetensors"),
               metadata={"format": "pt"})
     adapters.peft_config[ADAPTER].save_pretrained(str(path))
+
+
+def lora_files(lm, adapters, *, dtype: torch.dtype, scale: float, merge: bool):
+    """A LoRA checkpoint's own files, gathered now on every rank (each gather is a collective):
+    returns write(folder, save_hf), which global rank 0 calls to write the adapter folder and, with
+    merge, merged/: the base + scale·BA in `dtype`, an HF folder that save_hf(folder, weights) writes.
+    (The adapters and merged weights never share a folder: from_pretrained would apply the adapters
+    twice.)"""
+    weights = full_state_dict(lm, dtype, scale) if merge else {}
+    state = adapter_state(lm)
+
+    def write(path: Path, save_hf) -> None:
+        save_adapter(path, adapters, state)
+        if weights:
+            save_hf(path / "merged", weights)
+        weights.clear()
+
+    return write
 
 
 def adapter_base(path: str) -> str | None:

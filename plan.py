@@ -248,7 +248,7 @@ def gathered_rows(cfg, s: Shape, t: Target, generating: bool = False) -> list:
 def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampling: tuple, chunks: int) -> list:
     """Two moments of the largest generate call of `seqs` sequences: its largest prefill forward
     and its last decode step. Markovian rounds after the first also keep the q ⧺ head prefix
-    cache of every trace (rollout.traces), so their KV cache is that plus one chunk's context.
+    cache of every trace (rollout.markovian), so their KV cache is that plus one chunk's context.
     With the engine (--engine fast) the KV cache is its slab, resident (engine_rows), and a step
     adds only its sampling temporaries."""
     p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens

@@ -4,42 +4,32 @@ Every grader reads a bounded part of a response (a model's output is hostile inp
 raises: a grader that fails scores 0 and says why in Verdict.failure, which the trainer counts
 (reward/grader_failures). Three kinds:
 
-- built-in graders (`grade_running_sum`, `grade_countdown`), in process: they read a bounded
-  window before the last </answer> and take milliseconds on any response; countdown parses the
-  arithmetic itself (never Python `eval` on model output);
-- HF math-verify for data files (`MathGrader`), in a worker process with a time limit: the gold
-  answer is parsed first, the response's last \\boxed{} has priority, then GSM8K's "#### x", an
-  <answer> tag, any LaTeX or number math-verify finds, the last number. The worker sees at most
-  MATH_ANSWER_CHARS of the response;
-- your own function, `--reward path/to/file.py:function` (`RewardFunction`), in worker processes
-  the same way: function(prompt, response, answer) -> float, or the batch form
+- built-in graders (`grade_running_sum`, `grade_countdown`), here, in process: they read a
+  bounded window before the last </answer> and take milliseconds on any response; countdown
+  parses the arithmetic itself (never Python `eval` on model output);
+- HF math-verify for data files (grader_pool.MathGrader), in a worker process with a time limit:
+  the gold answer is parsed first, the response's last \\boxed{} has priority, then GSM8K's
+  "#### x", an <answer> tag, any LaTeX or number math-verify finds, the last number. The worker
+  sees at most MATH_ANSWER_CHARS of the response;
+- your own function, `--reward path/to/file.py:function` (grader_pool.RewardFunction), in worker
+  processes the same way: function(prompt, response, answer) -> float, or the batch form
   function(prompts, responses, answers) -> list of floats; a reward may also be a pair (float,
   answer string) for maj@n to vote on. An exception, a return that is not a number, or a call
   past --grade-timeout scores 0 as a counted failure, and the run goes on.
 
-Worker graders run in a pool (`GraderPool`: one slow answer holds up one worker of a batch, not
-the batch) under an optional wall-clock budget per batch. `grade_batch` is what the trainer and
-eval call, with the answer gate. Tasks (where problems come from) are in tasks.py.
-`overlong_penalty` is the DAPO soft length penalty added to the reward when asked.
+The worker processes, and the pool that drives them under a budget per batch, are in
+grader_pool.py. `grade_batch` is what the trainer and eval call, with the answer gate. Tasks
+(where problems come from) are in tasks.py. `overlong_penalty` is the DAPO soft length penalty
+added to the reward when asked.
 """
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.util
 import json
 import math
 import numbers
-import os
-import queue
 import re
-import subprocess
-import sys
-import threading
-import time
 import unicodedata
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -84,7 +74,6 @@ def answer_window(response: str, chars: int, tag: str = "answer") -> str:
     return response[max(0, end - chars):end + len(tag) + 3]
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _BRACES = re.compile(r"[{}]")
 _BRACELESS_BOX = re.compile(r" +([^\s$]+)")  # "\\boxed 5"
 
@@ -123,7 +112,7 @@ def grades_safely(grade):
 
 
 class AnswerTooLong(ValueError):
-    """A final answer longer than MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
+    """A final answer longer than grader_pool.MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
 
 
 def last_boxed(text: str, max_chars: int | None = None) -> str | None:
@@ -286,393 +275,13 @@ def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
     return value, used
 
 
+# ----------------------------------------------------------------------------- plugins
 
-# ----------------------------------------------------------------------------- grading workers
-
-class _NoReply(Exception):
-    """A grading worker gave no reply; `failure` says why: "timeout", "budget" or "error"."""
-
-    def __init__(self, failure: str):
-        super().__init__(failure)
-        self.failure = failure
-
-
-class GradingWorker:
-    """A child process that grades one JSON request at a time under a wall-clock limit.
-
-    Why a process: a grader can run unboundedly long on an adversarial answer (sympy does), and a
-    time limit by SIGALRM works only on a process's main thread (not in a thread pool, a notebook
-    executor, or a helper thread of a torchrun worker). A child process can be killed from any
-    thread. A request that times out or crashes its worker scores 0 and says so in
-    Verdict.failure (the caller counts it), and the next request starts a fresh worker. The worker
-    says "ready" once it has started; its replies are Verdicts as JSON, one line each.
-    """
-
-    STARTUP_S = 120.0  # importing sympy (or your reward's modules) can take a while; not charged to answers
-
-    def __init__(self, command: list[str], timeout: float):
-        self.command, self.timeout = command, timeout
-        self.start_error = ""  # what a worker that would not start said, if anything
-        self._proc, self._replies, self._lock = None, None, threading.Lock()
-
-    def ask(self, request: dict, deadline: float | None = None, limit: float | None = None):
-        """(reply, "") or (None, failure) for one request, within `limit` seconds (default: the
-        timeout). A `deadline` (a time.monotonic() value) that comes first cuts the wait short: a
-        worker still grading is killed, and the failure is "budget"."""
-        if deadline is not None and time.monotonic() >= deadline:
-            return None, "budget"
-        with self._lock:  # one request in flight per worker: replies are matched by order
-            try:
-                if self._proc is None:
-                    self._start(deadline)
-                self._proc.stdin.write(json.dumps(request) + "\n")  # ASCII: json escapes lone surrogates
-                self._proc.stdin.flush()
-                return self._reply(limit or self.timeout, deadline, "timeout"), ""
-            except _NoReply as e:
-                failure = e.failure
-            except OSError:  # the worker could not be run, or died before reading the request
-                failure = "error"
-            self.close()
-            return None, failure
-
-    def start(self) -> bool:
-        """Start the worker unless it runs; whether it runs. One that fails to start is reported by
-        the next call (and start_error says what it said, if anything)."""
-        with self._lock:
-            if self._proc is None:
-                try:
-                    self._start(None)
-                except (_NoReply, OSError):
-                    self.close()
-            return self._proc is not None
-
-    def _start(self, deadline: float | None) -> None:
-        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        replies: queue.Queue = queue.Queue()
-
-        def pump():  # a reader thread, so that waiting for a reply can time out
-            for line in proc.stdout:
-                try:
-                    replies.put(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-            replies.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        self._proc, self._replies = proc, replies
-        self._finalizer = weakref.finalize(self, proc.kill)  # no orphan worker at exit
-        said = self._reply(self.STARTUP_S, deadline, "error")
-        if said != "ready":
-            self.start_error = said.get("error", "") if isinstance(said, dict) else ""
-            raise _NoReply("error")
-
-    def _reply(self, limit: float, deadline: float | None, failure: str):
-        """The worker's next line. Raises _NoReply: `failure` when `limit` seconds pass, "budget"
-        when `deadline` comes first, "error" when the worker exited."""
-        left = limit if deadline is None else deadline - time.monotonic()
-        if left < limit:
-            limit, failure = max(0.0, left), "budget"
-        try:
-            reply = self._replies.get(timeout=limit)
-        except queue.Empty:
-            raise _NoReply(failure) from None
-        if reply is None:
-            raise _NoReply("error")
-        return reply
-
-    def close(self) -> None:
-        proc, self._proc = self._proc, None  # FileTask.close may race a grading that kills its worker
-        if proc is not None:
-            self._finalizer()  # kills the worker (once), and forgets it at exit
-            proc.wait()
-
-
-def verdict(reply: dict | None, failure: str) -> Verdict:
-    """A worker's reply (or the failure that stands for it) as a Verdict."""
-    if reply is None:
-        return Verdict(0.0, failure=failure)
-    return Verdict(float(reply["reward"]), reply["answer"], reply["failure"])
-
-
-class GraderPool:
-    """Several grading workers driven from threads, so that a slow answer holds up one worker of a
-    batch, not the batch. Each grader is called as grader(*args, deadline=...) -> Verdict."""
-
-    def __init__(self, graders: list):
-        self.graders = graders
-
-    def grade_all(self, requests: list[tuple], budget: float = 0.0) -> list[Verdict]:
-        """One Verdict per tuple of a grader's arguments, in order. A budget (seconds; 0: none)
-        bounds the batch: what is not graded once it is spent scores failure "budget", a worker
-        still busy is killed. Its clock starts once the workers run: a worker's first start is no
-        answer's fault."""
-        self.start()
-        deadline = time.monotonic() + budget if budget > 0 else None
-        idle: queue.SimpleQueue = queue.SimpleQueue()
-        for grader in self.graders:
-            idle.put(grader)
-
-        def grade(args: tuple) -> Verdict:
-            grader = idle.get()  # never waits: there are as many threads as graders
-            try:
-                return grader(*args, deadline=deadline)
-            finally:
-                idle.put(grader)
-
-        with ThreadPoolExecutor(len(self.graders)) as threads:
-            return list(threads.map(grade, requests))
-
-    def start(self) -> None:
-        """Start the stopped workers at once: each spends seconds importing its grader."""
-        with ThreadPoolExecutor(len(self.graders)) as threads:
-            list(threads.map(GradingWorker.start, self.graders))
-
-    def close(self) -> None:
-        for grader in self.graders:
-            grader.close()
-
-
-# ----------------------------------------------------------------------------- math grading
-
-MATH_ANSWER_CHARS = 4096  # the most of a response a math worker sees: sane final answers are far shorter
-
-
-class MathGrader(GradingWorker):
-    """HF math-verify in a child process (a GradingWorker), one answer at a time. The worker is sent
-    the answer region and the last number of the response's tail, found here in bounded time, so
-    no length of response reaches sympy. `command` replaces the worker, for tests."""
-
-    def __init__(self, timeout: float = 10.0, command: list[str] | None = None):
-        super().__init__(command or [sys.executable, str(Path(__file__).resolve()), "--math-worker"], timeout)
-
-    def __call__(self, response: str, gold: str, deadline: float | None = None) -> Verdict:
-        """The verdict on one response; past the `deadline` it scores failure "budget"."""
-        if deadline is not None and time.monotonic() >= deadline:
-            return Verdict(0.0, failure="budget")
-        try:
-            request = _math_request(response, gold)
-        except AnswerTooLong:
-            return Verdict(0.0)
-        return verdict(*self.ask(request, deadline))
-
-
-class MathGraderPool(GraderPool):
-    """`workers` MathGraders: a data file's grader when no --reward is given."""
-
-    def __init__(self, timeout: float = 10.0, workers: int = 4, command: list[str] | None = None):
-        super().__init__([MathGrader(timeout, command) for _ in range(workers)])
-
-    def __call__(self, response: str, gold: str) -> Verdict:
-        """One answer, on the first worker: a single grading does not start the others."""
-        return self.graders[0](response, gold)
-
-    def grade_one(self, problem: Problem, response: str) -> Verdict:
-        return self(response, problem.answer)
-
-    def grade_items(self, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
-        return self.grade_all([(response, problem.answer) for problem, response in items], budget)
-
-
-def _math_worker() -> None:
-    """The child side of MathGrader: `_math_request` JSON lines in, Verdict JSON lines out."""
-    import logging
-
-    import math_verify
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
-    _math_verdict(math_verify, "\\boxed{1}", None, "1")  # a first grading is slow: no answer's fault
-    print(json.dumps("ready"), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            reward, answer = _math_verdict(math_verify, **request)
-            reply = {"reward": reward, "answer": answer, "failure": ""}
-        except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
-            reply = {"reward": 0.0, "answer": None, "failure": "error"}
-        print(json.dumps(reply), flush=True)
-
-
-def _math_verdict(mv, region: str, number: str | None, gold: str) -> tuple[float, str | None]:
-    """(reward, normalised answer) from a response's answer region, else its last number;
-    mv is the math_verify module."""
-    configs = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
-
-    def parse(text: str) -> list:
-        return mv.parse(text, extraction_config=configs, parsing_timeout=None)
-
-    gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
-    pred = parse(region) or (parse(number) if number else [])
-    if not pred:
-        return 0.0, None
-    answer = str(pred[0])
-    if not gold_parsed:  # a gold answer math-verify cannot read: exact text match
-        return float(pred[-1].strip() == gold.strip()), answer
-    return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
-
-
-def _math_request(response: str, gold: str) -> dict:
-    """What a math worker is sent of a response: its answer region, and the last number of its
-    tail for when the region holds no answer math-verify can read."""
-    numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
-    return {"region": _answer_region(response), "gold": gold,
-            "number": numbers[-1].replace(",", "") if numbers else None}
-
-
-def _answer_region(response: str) -> str:
-    """Where the final answer is: the last \\boxed{} (alone: math-verify would join "\\boxed{5}, ...
-    \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0), else the line after
-    GSM8K's "####", else an <answer> tag's content, else the end of the text: at most about
-    MATH_ANSWER_CHARS, found in linear time. A box, line or tag longer raises AnswerTooLong."""
-    boxed = last_boxed(response, MATH_ANSWER_CHARS)
-    if boxed is not None:
-        return "\\boxed{" + boxed + "}"
-    hashes = response.rfind("####")
-    if hashes >= 0:
-        return _short(response[hashes + 4:].strip().partition("\n")[0])
-    tag = extract_tag(response)
-    if tag is not None:
-        return "$" + _short(tag) + "$"
-    return _tail(response, MATH_ANSWER_CHARS)
-
-
-def _short(answer: str) -> str:
-    if len(answer) > MATH_ANSWER_CHARS:
-        raise AnswerTooLong
-    return answer
-
-
-def _tail(text: str, chars: int) -> str:
-    """The last `chars` characters of text at most, from a word boundary (a number cut in two
-    would be another number): _tail("so x is 1234", 6) -> "1234"; "" when no boundary is in them."""
-    if len(text) <= chars:
-        return text
-    tail = text[-chars - 1:]
-    space = re.search(r"\s", tail)
-    return tail[space.end():] if space else ""
-
-
-# ----------------------------------------------------------------------------- --reward file.py:function
-
-class RewardFunction(GraderPool):
-    """Your reward function, `--reward path/to/file.py:function`, run like math-verify: in `workers`
-    processes (GradingWorker), `timeout` seconds a response. The file is never imported into the
-    trainer: its code runs only in the workers, whose stdout carries the replies (your prints go to
-    stderr). A parameter list (prompt, response, answer) is called per response; (prompts,
-    responses, answers) once per batch, in one worker, within timeout × the batch's size."""
-
-    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 4):
-        path, name, self.batch = reward_signature(spec)
-        command = [sys.executable, str(Path(__file__).resolve()), "--reward-worker", str(path), name,
-                   "batch" if self.batch else "row"]
-        super().__init__([RewardWorker(command, timeout) for _ in range(1 if self.batch else workers)])
-        self.spec = spec
-        self.check()
-
-    def check(self) -> None:
-        """Start one worker now, so that a file that does not import fails before any model loads."""
-        first = self.graders[0]
-        if not first.start():
-            raise DataError(f"--reward {self.spec}: its worker did not start: "
-                            f"{first.start_error or 'see the error above'}")
-
-    def grade_one(self, problem: Problem, response: str) -> Verdict:
-        return self.grade_items([(problem, response)])[0]
-
-    def grade_items(self, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
-        rows = [(problem.prompt, response, problem.answer) for problem, response in items]
-        if not self.batch:
-            return self.grade_all(rows, budget)
-        self.start()  # as grade_all: the budget's clock starts once the worker runs
-        deadline = time.monotonic() + budget if budget > 0 else None
-        return self.graders[0].batch(rows, deadline)
-
-
-class RewardWorker(GradingWorker):
-    """One worker process of a RewardFunction."""
-
-    def __call__(self, prompt: str, response: str, answer: str, deadline: float | None = None) -> Verdict:
-        return verdict(*self.ask({"rows": [[prompt, response, answer]]}, deadline))
-
-    def batch(self, rows: list[tuple[str, str, str]], deadline: float | None) -> list[Verdict]:
-        """All rows in one request, one call of a batch-form function."""
-        reply, failure = self.ask({"rows": rows}, deadline, limit=self.timeout * max(len(rows), 1))
-        return [verdict(r, failure) for r in (reply["verdicts"] if reply else [None] * len(rows))]
-
-
+# --data path/to/file.py:Class (tasks.py) and --reward path/to/file.py:function (grader_pool.py)
 def plugin_spec(value: str) -> tuple[Path, str] | None:
     """"path/to/file.py:name" -> (Path("path/to/file.py"), "name"); anything else -> None."""
     path, _, name = value.rpartition(":")
     return (Path(path), name) if path.endswith(".py") and name.isidentifier() else None
-
-
-def reward_signature(spec: str) -> tuple[Path, str, bool]:
-    """(file, function name, batch form?) of a --reward value, read from the file's syntax without
-    running it: a top-level def with the parameters (prompt, response, answer) or (prompts,
-    responses, answers). Every problem is a DataError naming the file."""
-    found = plugin_spec(spec)
-    if found is None:
-        raise DataError(f"--reward {spec!r}: give path/to/file.py:function")
-    path, name = found
-    if not path.is_file():
-        raise DataError(f"--reward {spec}: no such file {path}")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError) as e:
-        raise DataError(f"--reward {spec}: {path} is not valid Python ({e})") from None
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    if not defs:
-        raise DataError(f"--reward {spec}: {path} has no top-level function {name}")
-    params = [a.arg for a in defs[-1].args.posonlyargs + defs[-1].args.args]
-    if params not in (list(REWARD_PARAMS), list(BATCH_PARAMS)):
-        raise DataError(f"--reward {spec}: {name}({', '.join(params)}) must take ({', '.join(REWARD_PARAMS)}) "
-                        f"or, for a whole batch at once, ({', '.join(BATCH_PARAMS)})")
-    return path, name, params == list(BATCH_PARAMS)
-
-
-REWARD_PARAMS = ("prompt", "response", "answer")
-BATCH_PARAMS = ("prompts", "responses", "answers")
-
-
-def _reward_worker(path: str, name: str, form: str) -> None:
-    """The child side of RewardFunction: {"rows": [[prompt, response, answer], ...]} JSON lines in,
-    a Verdict (form "row": one row a call) or {"verdicts": [...]} (form "batch") out."""
-    replies = os.fdopen(os.dup(1), "w")  # the protocol keeps the real stdout; the function's prints go to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    try:
-        module_spec = importlib.util.spec_from_file_location("rlvr_reward", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        function = getattr(module, name)
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the file
-        print(json.dumps({"error": f"importing {path} failed: {type(e).__name__}: {e}"}), file=replies, flush=True)
-        return
-    print(json.dumps("ready"), file=replies, flush=True)
-    for line in sys.stdin:
-        rows = json.loads(line)["rows"]
-        if form == "batch":
-            reply = {"verdicts": _scores(lambda: function(*map(list, zip(*rows))), len(rows))}
-        else:
-            reply = _scores(lambda: [function(*rows[0])], 1)[0]
-        print(json.dumps(reply), file=replies, flush=True)
-
-
-def _scores(call, n: int) -> list[dict]:
-    """The n Verdicts (as dicts) of what call() returns: a list of n rewards, each a number or
-    (number, answer) for maj@n to vote on; an exception or a list of another length fails every
-    row, anything else its own row. [0.5, (1, "42"), "1"] -> rewards 0.5, 1.0 (answer "42"), 0 ("error")."""
-    try:
-        values = list(call())
-    except Exception:  # noqa: BLE001 - a reward bug on one batch must not kill training
-        values = None
-    if values is None or len(values) != n:
-        values = [None] * n
-    out = []
-    for v in values:
-        reward, answer = v if isinstance(v, tuple) and len(v) == 2 else (v, None)
-        ok = is_reward(reward) and (answer is None or isinstance(answer, str))
-        out.append({"reward": float(reward) if ok else 0.0, "answer": answer if ok else None,
-                    "failure": "" if ok else "error"})
-    return out
 
 
 # ----------------------------------------------------------------------------- the trainer's entry point
@@ -702,9 +311,3 @@ def overlong_penalty(length: int, max_len: int, cache: int) -> float:
     if length <= start:
         return 0.0
     return max(-1.0, (start - length) / cache)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--math-worker"]:
-    _math_worker()
-if __name__ == "__main__" and sys.argv[1:2] == ["--reward-worker"]:
-    _reward_worker(*sys.argv[2:5])

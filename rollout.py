@@ -1,10 +1,11 @@
 """Batched generation -> Episodes, and Episodes -> padded training tensors.
 
-One `generate` call per rank per step covers all of the rank's prompts × G samples (or batches of
-`rollout_batch_size` of them), left-padded, with the model in eval mode and the KV cache on; with
-Markovian thinking (`Chunking`, docs/math.md §5) one call per chunk round. Each Episode keeps its chunks,
-each with the exact prompt it was generated from: they are the training rows. Every sampling knob is passed explicitly;
-nothing is inherited from the checkpoint's generation_config (model.load_model resets it).
+A plain rollout is one `generate` call per rank per step: all of the rank's prompts × G samples (or
+batches of `rollout_batch_size` of them) in one batched `sample`, left-padded, with the model in eval
+mode and the KV cache on. With Markovian thinking (`Chunking`, docs/math.md §5) `markovian` goes on
+with one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
+generated from: they are the training rows. Every sampling knob is passed explicitly; nothing is
+inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ class Sampling:
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
     engine: str = "hf"  # hf: HF generate, the reference | fast: engine.py, a capturable decode step | auto
     engine_compile: str = "auto"  # the engine's step: auto (inductor on CUDA, off on CPU) | off | eager | inductor
+
+
+@dataclass
+class Chunking:
+    """Markovian thinking (Delethink, docs/math.md §5): a trace is written in chunks of at most
+    C = Sampling.max_new_tokens tokens, and the context is reset at every chunk boundary.
+    max_chunks = 1 is a plain rollout (LongCoT)."""
+    carryover: int = 0  # m: tokens carried into the next chunk's prompt (m < C)
+    head: int = 0  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
+    max_chunks: int = 1  # I: chunks per trace at most
+
+    def max_tokens(self, chunk_size: int) -> int:
+        """Generated tokens a trace can reach: C + (I − 1)(C − m). C 8, m 4, I 3 -> 16."""
+        return chunk_size + (self.max_chunks - 1) * (chunk_size - self.carryover)
 
 
 @dataclass
@@ -65,16 +80,6 @@ class Episode:
         return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
 
-@dataclass
-class Batch:
-    """Training tensors for N episodes; response-aligned arrays have Tr columns (docs/math.md §0)."""
-    input_ids: torch.Tensor  # [N, P + Tr] left-padded prompt ⧺ right-padded response
-    attention_mask: torch.Tensor  # [N, P + Tr]
-    position_ids: torch.Tensor  # [N, P + Tr] 0 at each row's first real token
-    response_mask: torch.Tensor  # [N, Tr] float, 1 for response tokens (EOS included)
-    sampler_logp: torch.Tensor | None = None  # [N, Tr] the sampler's log-probs; None unless every row has them
-
-
 def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> list[list[int]]:
     """Token ids of each prompt, through the tokenizer's chat template when it has one and
     chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model."""
@@ -95,40 +100,94 @@ def stop_ids(tokenizer) -> list[int]:
     return getattr(tokenizer, "stop_ids", None) or [tokenizer.eos_token_id]
 
 
-def ends(tokens: list[int], stops: list[int]) -> bool:
-    """Whether a response wrote a stop id as its last token: [5, 2], stops [2, 7] -> True."""
-    return bool(tokens) and tokens[-1] in stops
+# ----------------------------------------------------------------------------- the plain rollout
+
+def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
+             group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
+             first_group: int = 0, batch_size: int = 0) -> list[Episode]:
+    """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
+    one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
+    chunking.max_chunks > 1 writes each response as a Markovian trace (`markovian`).
+
+    Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
+    consecutive and carry group id first_group + j.
+    """
+    per_call = max(1, batch_size // group_size) if batch_size else max(1, len(problems))
+    episodes = []
+    for s in range(0, len(problems), per_call):
+        queries = [ids for ids in prompt_ids[s:s + per_call] for _ in range(group_size)]
+        traces = (markovian(lm, tokenizer, queries, sampling, chunking) if chunking.max_chunks > 1
+                  else plain(lm, tokenizer, queries, sampling))
+        episodes += [episode(tokenizer, q, chunks, first_group + s + i // group_size, problems[s + i // group_size])
+                     for i, (q, chunks) in enumerate(zip(queries, traces))]
+    return episodes
 
 
-def cut_at_stop(tokens: list[int], stops: list[int], limit: int) -> list[int]:
-    """Up to and including the first stop id, else the first `limit`: [5, 7, 3, 2], [2, 7] -> [5, 7]."""
-    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), limit)
-    return tokens[:end]
+def plain(lm, tokenizer, queries: list[list[int]], sampling: Sampling) -> list[list[Chunk]]:
+    """Each query's trace, one chunk of up to max_new_tokens tokens, all in one `sample` call."""
+    return [[Chunk(q, tokens, logp)] for q, (tokens, logp) in zip(queries, sample(lm, tokenizer, queries, sampling))]
 
 
-def left_pad(rows: list[list[int]], pad_id: int, device, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """[[5, 6], [7]] -> ids [[5, 6], [pad, 7]], mask [[1, 1], [0, 1]]."""
-    width = max(width, *map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device)
+def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
+           cache=None) -> list[tuple[list[int], list[float]]]:
+    """One batched generation over prompts left-padded to at least `width` -> each row's new
+    tokens, cut after the first stop id (a row without one has sampling.max_new_tokens of them),
+    with each token's log-prob under the sampler (log_softmax of its logits / τ, untruncated:
+    what the trainer recomputes, docs/math.md §0, so that the two can be compared).
+    `cache`: the KV cache of the padded prompts' first columns, which are then not re-read.
+    sampling.engine picks who generates: the engine (engine.py, `decode`) or HF generate
+    (`sample_hf`); a model the engine cannot run is named once and generated by HF. auto: see engine_for."""
+    backend = decode if by_engine(lm, sampling) else sample_hf
+    return backend(lm, tokenizer, rows, sampling, width=width, cache=cache)
 
 
-@dataclass
-class Chunking:
-    """Markovian thinking (Delethink, docs/math.md §5): a trace is written in chunks of at most
-    C = Sampling.max_new_tokens tokens, and the context is reset at every chunk boundary.
-    max_chunks = 1 is a plain rollout (LongCoT)."""
-    carryover: int = 0  # m: tokens carried into the next chunk's prompt (m < C)
-    head: int = 0  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
-    max_chunks: int = 1  # I: chunks per trace at most
+def episode(tokenizer, query: list[int], chunks: list[Chunk], group: int, problem: Problem) -> Episode:
+    """The Episode of the trace written in `chunks` from `query`; the grader reads what the last
+    chunk's prompt carried past the query ⧺ the last chunk (of a plain rollout: its response)."""
+    last = chunks[-1]
+    return Episode(prompt_ids=query, response_ids=written(chunks), group=group, problem=problem,
+                   truncated=not ends(last.response_ids, stop_ids(tokenizer)), chunks=chunks,
+                   text=tokenizer.decode(last.prompt_ids[len(query):] + last.response_ids, skip_special_tokens=True))
 
-    def budget(self, chunk_size: int) -> int:
-        """Generated tokens a trace can reach: C + (I − 1)(C − m). C 8, m 4, I 3 -> 16."""
-        return chunk_size + (self.max_chunks - 1) * (chunk_size - self.carryover)
+
+def written(chunks: list[Chunk]) -> list[int]:
+    """A trace's generated tokens, chunk after chunk: responses [5, 6], [7] -> [5, 6, 7]."""
+    return [t for ch in chunks for t in ch.response_ids]
+
+
+# ----------------------------------------------------------------------------- Markovian thinking
+
+def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunking: Chunking) -> list[list[Chunk]]:
+    """Each query's Markovian trace (docs/math.md §5), in one `sample` call per chunk round over the
+    traces still going. Chunk 1 is the plain rollout, q -> up to C tokens. A trace whose chunk ends
+    without EOS goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the
+    trace's last m − h tokens (token ids, no re-tokenisation), and it writes up to C − m more, so no
+    context exceeds |q| + C. C 8, m 4, h 1: chunk 1 writes t1..t8, chunk 2 is q ⧺ t1 t6 t7 t8 -> t9..t12.
+    A trace's later prompts all start with the same q ⧺ head at the same positions, so its KV
+    cache is computed once, after chunk 1, and each round prefills only the m − h tail tokens.
+    """
+    stops, h, tail = stop_ids(tokenizer), chunking.head, chunking.carryover - chunking.head
+    traces = plain(lm, tokenizer, queries, sampling)
+    going = [i for i, chunks in enumerate(traces) if not ends(chunks[-1].response_ids, stops)]
+    width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
+    if going and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
+        with inference(lm):
+            prefix = prefill(forward_model(lm, sampling), [queries[i] + traces[i][0].response_ids[:h] for i in going],
+                             tokenizer.pad_token_id, width, sampling.prefill_chunk)
+        row = {i: r for r, i in enumerate(going)}
+    more = replace(sampling, max_new_tokens=sampling.max_new_tokens - chunking.carryover)
+    for _ in range(chunking.max_chunks - 1):
+        if not going:
+            break
+        # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
+        tokens = {i: written(traces[i]) for i in going}
+        prompts = [queries[i] + tokens[i][:h] + tokens[i][len(tokens[i]) - tail:] for i in going]
+        cache = cache_rows(prefix, [row[i] for i in going]) if tail else None
+        new_tokens = sample(lm, tokenizer, prompts, more, width=width + tail, cache=cache)
+        for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
+            traces[i].append(Chunk(prompt, new, logp))
+        going = [i for i in going if not ends(traces[i][-1].response_ids, stops)]
+    return traces
 
 
 def prefill(lm, rows: list[list[int]], pad_id: int, width: int, chunk: int = 0):
@@ -144,6 +203,40 @@ def cache_rows(cache, rows: list[int]):
     cache = copy.deepcopy(cache)
     cache.batch_select_indices(torch.tensor(rows))
     return cache
+
+
+# ----------------------------------------------------------------------------- who samples: HF generate or the engine
+
+def sample_hf(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
+              cache=None) -> list[tuple[list[int], list[float]]]:
+    """`sample` by HF generate, each drawn token's log-prob recorded by SamplerLogProbs."""
+    device = next(lm.parameters()).device
+    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
+    chunk = sampling.prefill_chunk or None
+    if cache is not None and chunk:
+        # transformers < 5.21 chunks a prefill from column 0 even when `cache` holds the first
+        # columns, feeding them twice; so the uncached columns but the last are fed here, `chunk`
+        # a forward (as the cache itself was, by prefill), and generate reads the last one
+        start = cache.get_seq_length()
+        if start < input_ids.shape[1] - 1:
+            with inference(lm):
+                forward_columns(lm, input_ids[:, :-1], attention_mask[:, :-1], cache, start, chunk)
+        chunk = None
+    greedy = sampling.temperature == 0
+    config = GenerationConfig(
+        do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
+    recorder = SamplerLogProbs(sampling.temperature)
+    with inference(lm):
+        # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
+        # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
+        out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                          synced_gpus=False, logits_processor=[recorder], **{cache_kwarg(lm): cache})
+    new = out[:, input_ids.shape[1]:]
+    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens) for resp in new.tolist()]
+    return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
 
 
 class SamplerLogProbs(LogitsProcessor):
@@ -193,114 +286,6 @@ def forward_model(lm, sampling: Sampling):
     return Engine.of(lm, sampling.engine_compile).runner(lm) if by_engine(lm, sampling) else lm
 
 
-def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
-           cache=None) -> list[tuple[list[int], list[float]]]:
-    """One batched generation over prompts left-padded to at least `width` -> each row's new
-    tokens, cut after the first stop id (a row without one has sampling.max_new_tokens of them),
-    with each token's log-prob under the sampler (log_softmax of its logits / τ, untruncated:
-    what the trainer recomputes, docs/math.md §0, so that the two can be compared).
-    `cache`: the KV cache of the padded prompts' first columns, which are then not re-read.
-    sampling.engine picks who generates: the engine (engine.py, via `decode`) or HF `generate`; a
-    model the engine cannot run is named once and generated by HF. auto: see engine_for."""
-    device = next(lm.parameters()).device
-    if by_engine(lm, sampling):
-        return decode(lm, tokenizer, rows, sampling, width=width, cache=cache)
-    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
-    chunk = sampling.prefill_chunk or None
-    if cache is not None and chunk:
-        # transformers < 5.21 chunks a prefill from column 0 even when `cache` holds the first
-        # columns, feeding them twice; so the uncached columns but the last are fed here, `chunk`
-        # a forward (as the cache itself was, by prefill), and generate reads the last one
-        start = cache.get_seq_length()
-        if start < input_ids.shape[1] - 1:
-            with inference(lm):
-                forward_columns(lm, input_ids[:, :-1], attention_mask[:, :-1], cache, start, chunk)
-        chunk = None
-    greedy = sampling.temperature == 0
-    config = GenerationConfig(
-        do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
-    recorder = SamplerLogProbs(sampling.temperature)
-    with inference(lm):
-        # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
-        # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
-        out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          synced_gpus=False, logits_processor=[recorder], **{cache_kwarg(lm): cache})
-    new = out[:, input_ids.shape[1]:]
-    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens) for resp in new.tolist()]
-    return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
-
-
-def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
-             group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
-             first_group: int = 0, batch_size: int = 0) -> list[Episode]:
-    """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
-    one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
-
-    Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
-    consecutive and carry group id first_group + j.
-    """
-    per_call = max(1, batch_size // group_size) if batch_size else max(1, len(problems))
-    return [e for s in range(0, len(problems), per_call)
-            for e in traces(lm, tokenizer, problems[s:s + per_call], prompt_ids[s:s + per_call],
-                            group_size=group_size, sampling=sampling, chunking=chunking,
-                            first_group=first_group + s)]
-
-
-def traces(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
-           group_size: int, sampling: Sampling, chunking: Chunking, first_group: int) -> list[Episode]:
-    """generate's work for one batch of prompts: every prompt × G in one generate call per chunk round.
-
-    Markovian (docs/math.md §5): chunk 1 is q -> up to C tokens. A trace whose chunk ends without EOS
-    goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the trace's
-    last m − h tokens (token ids, no re-tokenisation), and it writes up to C − m more,
-    so no context exceeds |q| + C. One generate call per chunk round, over the traces still going.
-    A trace's later prompts all start with the same q ⧺ head at the same positions, so its KV
-    cache is computed once, after chunk 1, and each round prefills only the m − h tail tokens.
-    """
-    stops, c = stop_ids(tokenizer), sampling.max_new_tokens
-    h, tail = chunking.head, chunking.carryover - chunking.head
-    queries = [ids for ids in prompt_ids for _ in range(group_size)]
-    chunks = [[] for _ in queries]
-    written = [[] for _ in queries]  # each trace's generated tokens so far
-    going = list(range(len(queries)))
-    width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
-    for k in range(chunking.max_chunks):
-        if not going:
-            break
-        # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
-        prompts = [queries[i] + written[i][:h] + written[i][len(written[i]) - tail:] if k else queries[i]
-                   for i in going]
-        budget = c if k == 0 else c - chunking.carryover
-        cache = None
-        if k and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
-            if k == 1:
-                with inference(lm):
-                    prefix = prefill(forward_model(lm, sampling), [p[:len(p) - tail] for p in prompts],
-                                     tokenizer.pad_token_id, width, sampling.prefill_chunk)
-                row = {i: r for r, i in enumerate(going)}
-            cache = cache_rows(prefix, [row[i] for i in going])
-        new_tokens = sample(lm, tokenizer, prompts, replace(sampling, max_new_tokens=budget),
-                            width=width + tail if k else 0, cache=cache)
-        for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
-            chunks[i].append(Chunk(prompt, new, logp))
-            written[i] += new
-        going = [i for i in going if not ends(written[i], stops)]
-    episodes = []
-    for i, q in enumerate(queries):
-        last = chunks[i][-1]
-        episodes.append(Episode(
-            prompt_ids=q, response_ids=written[i],
-            truncated=not ends(last.response_ids, stops), chunks=chunks[i],
-            text=tokenizer.decode(last.prompt_ids[len(q):] + last.response_ids, skip_special_tokens=True),
-            group=first_group + i // group_size, problem=problems[i // group_size]))
-    return episodes
-
-
-# ----------------------------------------------------------------------------- the engine
-
 def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
            cache=None) -> list[tuple[list[int], list[float]]]:
     """`sample` by the engine (engine.py): the model's Engine decodes the padded rows, and each
@@ -314,9 +299,43 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
 
 
+def ends(tokens: list[int], stops: list[int]) -> bool:
+    """Whether a response wrote a stop id as its last token: [5, 2], stops [2, 7] -> True."""
+    return bool(tokens) and tokens[-1] in stops
+
+
+def cut_at_stop(tokens: list[int], stops: list[int], limit: int) -> list[int]:
+    """Up to and including the first stop id, else the first `limit`: [5, 7, 3, 2], [2, 7] -> [5, 7]."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), limit)
+    return tokens[:end]
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[[5, 6], [7]] -> ids [[5, 6], [pad, 7]], mask [[1, 1], [0, 1]]."""
+    width = max(width, *map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+# ----------------------------------------------------------------------------- collation
+
+@dataclass
+class Batch:
+    """Training tensors for N episodes; response-aligned arrays have Tr columns (docs/math.md §0)."""
+    input_ids: torch.Tensor  # [N, P + Tr] left-padded prompt ⧺ right-padded response
+    attention_mask: torch.Tensor  # [N, P + Tr]
+    position_ids: torch.Tensor  # [N, P + Tr] 0 at each row's first real token
+    response_mask: torch.Tensor  # [N, Tr] float, 1 for response tokens (EOS included)
+    sampler_logp: torch.Tensor | None = None  # [N, Tr] the sampler's log-probs; None unless every row has them
+
+
 def collate(episodes: list[Episode] | list[Chunk], pad_id: int, device) -> Batch:
-    """Episodes (or chunks: anything with prompt_ids and response_ids) -> Batch. Prompts [[5, 6], [7]] with responses [[8, 2], [9]] ->
-    input_ids [[5, 6, 8, 2], [pad, 7, 9, pad]], response_mask [[1, 1], [1, 0]]."""
+    """Episodes (or chunks: anything with prompt_ids and response_ids) -> Batch. Prompts [[5, 6], [7]]
+    with responses [[8, 2], [9]] -> input_ids [[5, 6, 8, 2], [pad, 7, 9, pad]], response_mask [[1, 1], [1, 0]]."""
     prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id, "cpu")
     tr = max(max(len(e.response_ids) for e in episodes), 1)
     resp = torch.full((len(episodes), tr), pad_id, dtype=torch.long)

@@ -132,10 +132,6 @@ class Result:
     wall: float = 0.0  # seconds from start until the program exited or was killed
 
     @property
-    def timed_out(self) -> bool:
-        return self.killed == "timeout"
-
-    @property
     def ok(self) -> bool:
         """Ended by itself with exit status 0."""
         return self.exit_code == 0 and not self.killed

@@ -10,22 +10,15 @@ is the `Task` base class below; `TASKS` names the built-in ones:
 - `countdown` (TinyZero format): reach a target with each given number used once; the grader
   parses the arithmetic itself (never Python `eval` on model output).
 
-Any other `--data` is either
-- a data file (`FileTask`: JSONL, JSON list, or parquet when pyarrow is installed) in the usual
-  schemas: GSM8K question/answer ("#### x"), MATH500 problem/answer/solution, AIME/AMC problem or
-  question with answer. Graded by HF math-verify, or by your own function with
-  `--reward path/to/file.py:function`; both run in worker processes under a time limit
-  (rewards.py); or
-- a file of code problems (`CodeTask`), told apart by its first row, which has `tests` (or APPS's
-  `input_output`) instead of an answer: stdin/stdout pairs or function calls, graded by running
-  the response's last ```python block in the sandbox (code_grader.py, sandbox.py); or
-- `path/to/file.py:Class`, a task of your own: a subclass of `Task` built with no arguments
-  (examples/task_small_sums.py).
-
-Several sources, `--data running_sum,code.jsonl`, make one `MixedTask`: each problem carries its
-source's name (Problem.domain), and grading goes to that source. The official prompt templates of
-the papers (`--prompt-template`, `--code-template`) are here too: they wrap a task's problems
-before training.
+Any other `--data` is a data file (`FileTask`: JSONL, JSON list, or parquet when pyarrow is
+installed) in the usual schemas: GSM8K question/answer ("#### x"), MATH500 problem/answer/solution,
+AIME/AMC problem or question with answer, graded by HF math-verify or by your own function with
+`--reward path/to/file.py:function`, both in worker processes under a time limit (grader_pool.py);
+a file of code problems, told apart by its first row (`is_code_file`: `tests` or APPS's
+`input_output` instead of an answer), graded in the sandbox (code_grader.CodeTask); or
+`path/to/file.py:Class`, a task of your own (examples/task_small_sums.py). data.py turns `--data`
+into tasks; several sources at once are mixed.py's. The official prompt templates of the papers
+(`--prompt-template`, `--code-template`) are here too: they wrap a task's problems before training.
 """
 from __future__ import annotations
 
@@ -35,15 +28,14 @@ import json
 import random
 import re
 import sys
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
-from code_grader import CodeGrader, CodeTestsError, CodeVerdict, extract_program, parse_tests
-from rewards import (DataError, MathGraderPool, Problem, RewardFunction, Verdict, grade_countdown, grade_running_sum,
-                     gold_answer, graded, plugin_spec)
-from sandbox import Limits, Sandbox, SandboxError, SandboxWarning, isolation_note
+import numpy as np
+
+from grader_pool import MathGraderPool, RewardFunction
+from rewards import (DataError, Problem, Verdict, gold_answer, grade_countdown, grade_running_sum, graded,
+                     plugin_spec)
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "ground_truth", "solution")
@@ -63,6 +55,9 @@ class Task:
     built-in graders, it should read a bounded part of the response: a model's output is hostile
     input. A grader you do not trust to be fast belongs in a reward function on a data file
     (`--reward`), which runs in worker processes with a timeout.
+
+    The trainer also asks a task for its prompt stream (`stream`) and for metrics of its own on
+    each batch (`stats`); the defaults serve one source, and a mixed run (mixed.py) overrides both.
     """
 
     name = "task"  # names the seeded splits, so two tasks never share a held-out split by accident
@@ -76,6 +71,11 @@ class Task:
         """(train, held-out) problems."""
         return builtin_splits(self)
 
+    def read(self, path: str) -> list[Problem]:
+        """The held-out problems of an --eval-data file; only the tasks of data files read one
+        (config.py stops a run that gives one to any other task)."""
+        raise DataError(f"--eval-data {path}: task {self.name} has its own held-out problems")
+
     def grade(self, problem: Problem, response: str) -> Verdict:
         raise NotImplementedError
 
@@ -84,8 +84,61 @@ class Task:
         any response, so one after another."""
         return [graded(self.grade, problem, response) for problem, response in items]
 
+    def stream(self, problems: list[Problem], seed: int) -> PromptStream:
+        """The run's training prompts in order (train.py asks for each step's batch)."""
+        return PromptStream(problems, seed)
+
+    def stats(self, episodes: list, group_size: int) -> dict:
+        """Metrics of this task on a batch of graded episodes (rollout.Episode), beside the
+        trainer's own; none here."""
+        return {}
+
     def close(self) -> None:
         """Stop what the task started (grading workers)."""
+
+
+class PromptStream:
+    """Prompt number i of the run -> a training problem, reshuffled every epoch with the seed.
+    The run's position in this stream (train.py's data_pos) is part of the trainer state, so resume
+    is exact; state() is whatever else the stream needs to resume (nothing here)."""
+
+    def __init__(self, problems: list[Problem], seed: int):
+        self.problems, self.seed, self._epoch, self._perm = problems, seed, -1, None
+
+    def get(self, start: int, count: int) -> list[Problem]:
+        out = []
+        for i in range(start, start + count):
+            epoch, j = divmod(i, len(self.problems))
+            if epoch != self._epoch:
+                self._epoch = epoch
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
+            out.append(self.problems[self._perm[j]])
+        return out
+
+    def state(self) -> dict:
+        return {}
+
+    def load(self, state: dict) -> None:
+        pass
+
+
+def detail_means(details: list[dict]) -> dict:
+    """The mean of each grader detail (Verdict.details) over the responses that have it:
+    [{"code/tests_passed": 0.5}, {"code/tests_passed": 1.0}, {}] -> {"code/tests_passed": 0.75}; {}
+    for graders without details (the built-in ones). Training and eval logs both use it."""
+    values: dict[str, list] = {}
+    for d in details:
+        for name, value in d.items():
+            values.setdefault(name, []).append(value)
+    return {name: float(np.mean(v)) for name, v in values.items()}
+
+
+def per_domain(name: str, domain: str) -> str:
+    """A metric's name for one source of a mixed run, in training and eval logs alike: the source
+    after the name's first part. ("code/tests_passed", "lcb") -> "code/lcb/tests_passed";
+    ("eval/pass@1", "lcb") -> "eval/lcb/pass@1"; ("reward", "lcb") -> "reward/lcb"."""
+    head, _, tail = name.partition("/")
+    return f"{head}/{domain}/{tail}" if tail else f"{head}/{domain}"
 
 
 # ----------------------------------------------------------------------------- built-in tasks
@@ -117,11 +170,6 @@ class RunningSumTask(Task):
             steps.append(f"{total}+{t}={total + t}")
             total += t
         return " ".join(steps) + f" <answer>{total}</answer>"
-
-    # str(int) refuses more than 4,300 digits (sys.int_info), so no gold sum is longer; twice that
-    # leaves room for spaces around it
-    ANSWER_CHARS = 8192
-
 
     def grade(self, problem: Problem, response: str) -> Verdict:
         return grade_running_sum(problem, response)
@@ -163,44 +211,6 @@ TASKS = {  # --data NAME -> the task, from the run's settings; a new built-in ta
 }
 
 
-def builtin_splits(task: Task, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
-    """Seeded (train, held-out) splits of a task that samples its problems (the built-in ones);
-    held-out prompts are kept out of train. The held-out split depends on the task's name and
-    knobs only, never on the run's seed."""
-    held_rng, train_rng = random.Random(f"{task.name}-heldout"), random.Random(f"{task.name}-{seed}")
-    heldout = [task.sample(held_rng)[0] for _ in range(HELDOUT_SIZE)]
-    seen = {p.prompt for p in heldout}
-    train = []
-    while len(train) < TRAIN_SIZE:
-        p = task.sample(train_rng)[0]
-        if p.prompt not in seen:
-            train.append(p)
-    return train, heldout
-
-
-# ----------------------------------------------------------------------------- --data
-
-def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
-              grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
-              reward: str = "", code: dict | None = None) -> Task:
-    """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
-    problems (CodeTask, built with `code`, its keyword arguments), or any other data file (graded
-    by math-verify, or by the --reward function)."""
-    if data in TASKS:
-        return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
-    if plugin_spec(data):
-        return load_task(data)
-    if is_code_file(data):
-        if reward:
-            raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
-                            f"graded by running them; drop --reward")
-        return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
-    if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
-        return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
-    raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
-                    f"file, nor path/to/file.py:Class")
-
-
 def domain_name(data: str) -> str:
     """A --data source's name in a mixed run's metrics: a built-in task's name, else its file's
     stem: "running_sum" -> "running_sum", "data/math500.jsonl" -> "math500", "my.py:Task" -> "my"."""
@@ -214,42 +224,6 @@ def has_own_splits(data: str) -> bool:
     """Whether --data is a task with its own held-out split and grader (built in, or file.py:Class),
     rather than a data file."""
     return data in TASKS or plugin_spec(data) is not None
-
-
-class MixedTask(Task):
-    """Several sources in one run (`--data a,b,c --data-weights 0.5,0.3,0.2`): `sources` maps each
-    domain name (domain_name) to its task, `weights` to its share of the training prompts
-    (train.MixedStream draws them). A problem goes to the task of its Problem.domain; the domains of
-    a batch grade at once, each within the budget, so a slow one does not hold up the others."""
-
-    name = "mixed"
-
-    def __init__(self, sources: dict[str, Task], weights: dict[str, float]):
-        self.sources, self.weights = sources, weights
-        self.warnings = tuple(note for task in sources.values() for note in task.warnings)
-
-    def grade(self, problem: Problem, response: str) -> Verdict:
-        return graded(self.sources[problem.domain].grade, problem, response)
-
-    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
-        rows: dict[str, list[int]] = {}
-        for i, (problem, _) in enumerate(items):
-            rows.setdefault(problem.domain, []).append(i)
-
-        def grade(domain: str) -> list[Verdict]:
-            task = self.sources[domain]
-            return task.grade_batch([items[i] for i in rows[domain]], budget or task.budget)
-
-        verdicts: list = [None] * len(items)
-        with ThreadPoolExecutor(max(len(rows), 1)) as threads:
-            for domain, graded_rows in zip(rows, threads.map(grade, rows)):
-                for i, verdict in zip(rows[domain], graded_rows):
-                    verdicts[i] = verdict
-        return verdicts
-
-    def close(self) -> None:
-        for task in self.sources.values():
-            task.close()
 
 
 def load_task(spec: str) -> Task:
@@ -271,11 +245,26 @@ def load_task(spec: str) -> Task:
     return cls()
 
 
+def builtin_splits(task: Task, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+    """Seeded (train, held-out) splits of a task that samples its problems (the built-in ones);
+    held-out prompts are kept out of train. The held-out split depends on the task's name and
+    knobs only, never on the run's seed."""
+    held_rng, train_rng = random.Random(f"{task.name}-heldout"), random.Random(f"{task.name}-{seed}")
+    heldout = [task.sample(held_rng)[0] for _ in range(HELDOUT_SIZE)]
+    seen = {p.prompt for p in heldout}
+    train = []
+    while len(train) < TRAIN_SIZE:
+        p = task.sample(train_rng)[0]
+        if p.prompt not in seen:
+            train.append(p)
+    return train, heldout
+
+
 # ----------------------------------------------------------------------------- data files
 
 class FileTask(Task):
     """Problems from a benchmark file (`load_file`), graded in a pool of `workers` processes:
-    math-verify (rewards.MathGraderPool), or the `reward` function (rewards.RewardFunction);
+    math-verify (grader_pool.MathGraderPool), or the `reward` function (grader_pool.RewardFunction);
     `budget` seconds a batch (0: no limit; see rewards.grade_batch)."""
 
     name = "file"
@@ -312,8 +301,8 @@ def load_file(path: str) -> list[Problem]:
     """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet
     (needs pyarrow), by their usual field names: prompt/problem/question, then
     answer/ground_truth/solution. Every error names the file, the line (row) and the field."""
-    return [Problem(prompt=_field(row, PROMPT_FIELDS, path, lineno),
-                    answer=gold_answer(_field(row, ANSWER_FIELDS, path, lineno))) for lineno, row in records(path)]
+    return [Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno),
+                    answer=gold_answer(row_field(row, ANSWER_FIELDS, path, lineno))) for lineno, row in records(path)]
 
 
 def records(path: str) -> list[tuple[int, dict]]:
@@ -371,7 +360,7 @@ def _rows(p: Path) -> list[tuple[int, object]]:
     return rows
 
 
-def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
+def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
     for name in names:
         if row.get(name) is not None:  # parquet rows carry every column, None where a row has none
             value = row[name]
@@ -388,8 +377,6 @@ def _field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
 # ----------------------------------------------------------------------------- code problems
 
 CODE_FIELDS = ("tests", "input_output")  # where a row keeps its tests (APPS and TACO: input_output, as JSON text)
-PROGRAM_FAILURES = ("timeout", "crash", "output_limit")  # how a program fails a test besides a wrong output
-GRADER_FAILURES = ("budget", "sandbox", "error")  # a CodeVerdict failure that is no fault of the program
 
 
 def is_code_file(path: str) -> bool:
@@ -415,90 +402,6 @@ def is_code_file(path: str) -> bool:
     if isinstance(row, list):  # a JSON list on one line
         row = row[0] if row else None
     return isinstance(row, dict) and any(row.get(name) is not None for name in CODE_FIELDS)
-
-
-class CodeTask(Task):
-    """Code problems from a data file: each row has a prompt and its tests, stdin/stdout pairs or
-    function calls (code_grader.parse_tests), and an optional `starter_code`; the prompt is put into
-    the `template` recipe (CODE_TEMPLATES; "" = as it is). A response scores 1 when the program of
-    its last ```python block passes every test, run in the sandbox (`isolation`, `timeout` seconds
-    and `memory` MiB per run) by `workers` threads, each batch within `budget` seconds. The share of
-    tests passed and how programs failed are Verdict.details; a program's failure (timeout, crash,
-    flood) is a wrong answer, only the grader's own (budget, sandbox error) counts as a grader failure.
-
-    A problem's answer names its row ("path:line") and the tests stay here, so that samples, logs
-    and the episodes gathered over ranks never carry megabytes of test data."""
-
-    name = "code"
-
-    def __init__(self, path: str, *, template: str = "", isolation: str = "auto", timeout: float = 5.0,
-                 memory: int = 1024, workers: int = 4, budget: float = 0.0):
-        self.template, self.budget = template, budget
-        self.tests: dict = {}  # Problem.answer -> its CodeTests
-        self.problems = self.read(path)
-        box, self.warnings = code_sandbox(isolation, Limits(timeout=timeout, memory=memory << 20))
-        self.grader = CodeGrader(box, workers)
-
-    def read(self, path: str) -> list[Problem]:
-        """The problems of a file of code problems (this task's, or its --eval-data); their tests
-        are kept here."""
-        problems = []
-        for lineno, row in records(path):
-            field = next((name for name in CODE_FIELDS if row.get(name) is not None), None)
-            if field is None:
-                raise DataError(f"{path}:{lineno}: missing field: expected one of {', '.join(CODE_FIELDS)} "
-                                f"(every row of a file of code problems has its tests)")
-            try:
-                tests = parse_tests(row[field], f"{path}:{lineno}: {field}")
-            except CodeTestsError as e:
-                raise DataError(str(e)) from None
-            key = f"{path}:{lineno}"
-            self.tests[key] = tests
-            prompt = _field(row, PROMPT_FIELDS, path, lineno)
-            problems.append(Problem(code_prompt(prompt, tests.fn_name, row.get("starter_code"), self.template), key))
-        return problems
-
-    def splits(self) -> tuple[list[Problem], list[Problem]]:
-        return self.problems, []  # its held-out problems are another file's (--eval-data)
-
-    def grade(self, problem: Problem, response: str) -> Verdict:
-        return self.grade_batch([(problem, response)], 0.0)[0]
-
-    def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
-        known = [problem.answer in self.tests for problem, _ in items]
-        runs = iter(self.grader.grade_all([(response, self.tests[problem.answer])
-                                           for (problem, response), ok in zip(items, known) if ok], budget))
-        return [code_verdict(next(runs), response) if ok else Verdict(0.0, failure="error")
-                for (_, response), ok in zip(items, known)]
-
-
-def code_verdict(run: CodeVerdict, response: str) -> Verdict:
-    """A CodeVerdict as the trainer's Verdict. maj@n votes on the program; details hold the share of
-    tests passed and, 0 or 1 each, whether there was no program and how the program failed."""
-    program = extract_program(response)
-    details = {"code/tests_passed": run.fraction, "code/no_program": float(run.failure in ("no_code", "too_long")),
-               **{f"code/{failure}": float(run.failure == failure) for failure in PROGRAM_FAILURES}}
-    return Verdict(run.reward, program.strip() if program else None,
-                   run.failure if run.failure in GRADER_FAILURES else "", details)
-
-
-def code_sandbox(isolation: str, limits: Limits) -> tuple[Sandbox, tuple[str, ...]]:
-    """The sandbox code problems run in, and its warning when it isolates less than bwrap (said
-    once, by rank 0, rather than by every rank's warnings module). Programs need only the standard
-    library, so where our interpreter cannot serve (as root without bwrap, the programs' uid cannot
-    reach one under /root) the system's /usr/bin/python3 runs them."""
-    first_error = ""
-    for python in (sys.executable, "/usr/bin/python3"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", SandboxWarning)
-                box = Sandbox(isolation, python=python, limits=limits)
-        except SandboxError as e:
-            first_error = first_error or str(e)
-            continue
-        note = isolation_note(box.isolation, box.root, box.passed_over, box.uid_base)
-        return box, (note,) if note else ()
-    raise DataError(f"--sandbox {isolation}: {first_error}")
 
 
 # ----------------------------------------------------------------------------- prompt templates

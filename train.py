@@ -19,14 +19,14 @@ Each step:
   5. log, eval, checkpoint
 
 The knobs live in config.py (precedence: dataclass defaults < the algorithm's preset < --config
-YAML < command line); data parallelism (DDP, or FSDP2 with sharded fp32 state and bf16 compute),
-its set-up on one node or several, and sharded checkpoints in parallel.py; the memory plan
-(`--plan true`) in plan.py. Left out on purpose: vLLM/SGLang generation, tensor/pipeline
-parallelism, value models (PPO with a critic), reward models.
+YAML < command line); the task and its problems come from data.py, which hands out the prompt
+stream (tasks.Task.stream); resume and checkpoints are checkpoint.py's; data parallelism (DDP, or
+FSDP2 with sharded fp32 state and bf16 compute), its set-up on one node or several, and sharded
+checkpoints in parallel.py; the memory plan (`--plan true`) in plan.py. Left out on purpose:
+vLLM/SGLang generation, tensor/pipeline parallelism, value models (PPO with a critic), reward models.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -42,87 +42,31 @@ from typing import Callable
 
 import numpy as np
 import torch
-import yaml
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import algos
-import checkpoint
+import data
 from algos import LossInputs
-from algos.high_entropy import high_entropy
-from checkpoint import CheckpointError, clean_partials, lock, run_folder, saved_config, set_aside_later, truncate_logs
-from config import (Config, budget, check_prompts_fit, chunking, eval_settings, learning_rate, load_problems,
-                    parse_config, validate)
+from algos.select import batch_wide, token_flags
+from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
+from config import (Config, check_prompts_fit, chunking, eval_settings, learning_rate, parse_config, response_tokens,
+                    validate)
 from engine import compile_count
 from eval import evaluate
-from lora import AdaptersOff, adapter_state, add_lora, check_targets, require_peft, save_adapter
-from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
-                   load_trainer_state, save_checkpoint, save_hf)
-from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_state_dict,
-                      full_weights, gather_objects, grad_sync, load_train_state, parallel_mode, save_train_state,
-                      setup_distributed, teardown, weights_dtype, wrap)
+from lora import AdaptersOff, add_lora, check_targets, require_peft
+from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
+from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
+                      grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
 from plan import print_plan
 from rewards import grade_batch, overlong_penalty
 from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, sampler_correction
-from tasks import MixedTask
+from tasks import detail_means
 
 
 # ============================================================================ rollout
 
-class PromptStream:
-    """Prompt number i of the run -> a training problem, reshuffled every epoch with the seed.
-    The run's position in this stream is part of the trainer state, so resume is exact."""
-
-    def __init__(self, problems, seed: int):
-        self.problems, self.seed, self._epoch, self._perm = problems, seed, -1, None
-
-    def get(self, start: int, count: int) -> list:
-        out = []
-        for i in range(start, start + count):
-            epoch, j = divmod(i, len(self.problems))
-            if epoch != self._epoch:
-                self._epoch = epoch
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
-            out.append(self.problems[self._perm[j]])
-        return out
-
-
-class MixedStream:
-    """A mixed run's prompts (--data a,b --data-weights ...): each batch of prompts draws its
-    sources by weight, one draw per prompt seeded by the batch's first position, and each source
-    hands out its own problems in its own PromptStream order. Where each source stands is trainer
-    state (state / load), so a resumed run draws the same sources and problems.
-
-    weights: {domain: share}, summing to 1. Batches must be asked for in order, from where the
-    stream stands: get(0, 16), get(16, 16), ...
-    """
-
-    def __init__(self, problems, weights: dict[str, float], seed: int):
-        self.seed, self.domains = seed, list(weights)
-        self.p = np.array([weights[d] for d in self.domains])
-        self.streams = {d: PromptStream([x for x in problems if x.domain == d], seed) for d in self.domains}
-        self.at, self.taken = 0, {d: 0 for d in self.domains}  # prompts handed out: all, and per source
-
-    def get(self, start: int, count: int) -> list:
-        if start != self.at:
-            raise RuntimeError(f"MixedStream: asked for prompt {start}, but it stands at {self.at} (ask in order)")
-        # the trailing 1 keeps these draws apart from PromptStream's [seed, epoch] permutations
-        drawn = np.random.default_rng([self.seed, start, 1]).choice(len(self.domains), size=count, p=self.p)
-        out = []
-        for d in (self.domains[i] for i in drawn):
-            out += self.streams[d].get(self.taken[d], 1)
-            self.taken[d] += 1
-        self.at += count
-        return out
-
-    def state(self) -> dict:
-        return {"at": self.at, "taken": dict(self.taken)}
-
-    def load(self, state: dict) -> None:
-        self.at, self.taken = state["at"], {d: state["taken"].get(d, 0) for d in self.domains}
-
-
-def collect_rollouts(lm, tokenizer, task, stream: PromptStream | MixedStream, data_pos: int, cfg: Config,
+def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
                      rank: int, world: int):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
@@ -153,9 +97,7 @@ def collect_rollouts(lm, tokenizer, task, stream: PromptStream | MixedStream, da
             break
         rounds += 1
     kept = kept[:cfg.prompts_per_step]
-    stats = rollout_stats(generated, cfg.group_size)
-    if isinstance(stream, MixedStream):
-        stats.update(domain_stats(generated, stream.domains, cfg.group_size))
+    stats = {**rollout_stats(generated, cfg.group_size), **task.stats(generated, cfg.group_size)}
     if cfg.max_chunks > 1:
         stats["length/chunks"] = float(np.mean([len(e.chunks) for e in generated]))
     if cfg.dynamic_sampling:
@@ -170,7 +112,8 @@ def shaped_score(e: Episode, cfg: Config) -> float:
     fifth of the budget, DAPO's 4096 of 20480). Budget 80, length 72, reward 1 -> 1 − 8/16 = 0.5."""
     score = 0.0 if cfg.zero_truncated and e.truncated else e.reward
     if cfg.overlong_penalty:
-        score += overlong_penalty(len(e.response_ids), budget(cfg), cfg.overlong_cache or budget(cfg) // 5)
+        most = response_tokens(cfg)
+        score += overlong_penalty(len(e.response_ids), most, cfg.overlong_cache or most // 5)
     return score
 
 
@@ -184,39 +127,8 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
             "tokens/generated": lengths.sum(),
             "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
-            "length/truncated": float(np.mean([e.truncated for e in episodes])), **detail_stats(episodes)}
-
-
-def detail_stats(episodes: list[Episode]) -> dict:
-    """The mean of each grader detail (Verdict.details) over the responses that have it:
-    {"code/tests_passed": 0.5} and {"code/tests_passed": 1.0} -> {"code/tests_passed": 0.75}; {} for
-    graders without details (the built-in ones)."""
-    values: dict[str, list] = {}
-    for e in episodes:
-        for name, value in e.details.items():
-            values.setdefault(name, []).append(value)
-    return {name: float(np.mean(v)) for name, v in values.items()}
-
-
-def domain_stats(episodes: list[Episode], domains: list[str], group_size: int) -> dict:
-    """A mixed run's metrics per source: prompts/<d> (its prompts in the batch), reward/<d>, and its
-    grader details with the domain after their first part (code/tests_passed -> code/<d>/tests_passed).
-    A source drawn for no prompt of the batch logs only its count, 0."""
-    out = {}
-    for d in domains:
-        mine = [e for e in episodes if e.problem.domain == d]
-        out[f"prompts/{d}"] = len(mine) // group_size
-        if mine:
-            out[f"reward/{d}"] = float(np.mean([e.reward for e in mine]))
-            out.update({per_domain(name, d): v for name, v in detail_stats(mine).items()})
-    return out
-
-
-def per_domain(name: str, domain: str) -> str:
-    """A metric's name for one source: ("code/tests_passed", "lcb") -> "code/lcb/tests_passed";
-    ("passed", "lcb") -> "passed/lcb"."""
-    head, _, tail = name.partition("/")
-    return f"{head}/{domain}/{tail}" if tail else f"{head}/{domain}"
+            "length/truncated": float(np.mean([e.truncated for e in episodes])),
+            **detail_means([e.details for e in episodes])}
 
 
 # ============================================================================ update
@@ -251,16 +163,16 @@ def update(learner: Learner, episodes: list[Episode]) -> dict:
     episodes = [e for e in episodes if trains_on(e, cfg)]  # PSR/NSR drop the rest; the same list on every rank
     if not episodes:
         return {"update/skipped": 1.0, "update/responses": 0}
-    plan = split_minibatches(episodes, cfg, learner.rank, learner.world, learner.algo.whole_groups)
-    olds, refs = fixed_passes(learner, plan=plan)  # π_old and π_ref, before the first step moves θ
+    minibatches = split_minibatches(episodes, cfg, learner.rank, learner.world, learner.algo.whole_groups)
+    olds, refs = fixed_passes(learner, minibatches=minibatches)  # π_old and π_ref, before the first step moves θ
     sums, steps, mismatch = {}, 0, []
     for epoch in range(cfg.epochs):  # μ passes over the batch
-        for i, (mb_episodes, micro) in enumerate(plan):  # K mini-batches, one optimizer step each
+        for i, (mb_episodes, micro) in enumerate(minibatches):  # K mini-batches, one optimizer step each
             totals = mini_batch_totals(mb_episodes, cfg)
             # the draw's seed is the same on every rank: group ids are unique over the run
             flags = batch_flags(learner, mb_episodes=mb_episodes, micro=micro, olds=olds[i],
                                 on_policy=epoch == i == 0,
-                                seed=cfg.seed * 1_000_003 + mb_episodes[0].group * 1_009 + epoch)
+                                seed=mixed_seed(cfg.seed, mb_episodes[0].group, epoch))
             for j, rows in enumerate(micro):  # this rank's share: gradients accumulate
                 metrics, olds[i][j] = micro_step(
                     learner, rows=rows, mb_episodes=mb_episodes, old=olds[i][j], ref_logp=refs[i][j],
@@ -279,7 +191,7 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
         return
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
     # REINFORCE++ whitens over the batch's tokens, so it also reads each response's trained tokens
-    tokens = ([torch.tensor([trained_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)]
+    tokens = ([torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)]
               if algo.response_tokens else [])
     adv = algo.advantages(scores, cfg, *tokens).flatten().float()
     for e, a in zip(episodes, adv.tolist()):
@@ -292,7 +204,7 @@ def trains_on(e: Episode, cfg: Config) -> bool:
     return cfg.train_on == "all" or (e.score > 0) == (cfg.train_on == "correct")
 
 
-def trained(e: Episode, cfg: Config) -> bool:
+def in_loss(e: Episode, cfg: Config) -> bool:
     """Whether the loss sees this kept response: DAPO overlong filtering (mask_truncated) masks
     truncated ones. The loss mask and the global normalisers both follow this one rule."""
     return not (cfg.mask_truncated and e.truncated)
@@ -310,26 +222,20 @@ def collate_rows(learner: Learner, rows: list):
     return batch, (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
 
 
-def batch_wide(learner: Learner) -> bool:
-    """Whether a token choice needs the whole mini-batch before its first micro-batch: Clip-Cov and
-    KL-Cov (Algorithm.select_tokens), the --top-entropy-quantile mask."""
-    return learner.algo.select_tokens is not None or learner.cfg.top_entropy_quantile < 1
-
-
-def fixed_passes(learner: Learner, *, plan: list) -> tuple[list[list], list[list]]:
+def fixed_passes(learner: Learner, *, minibatches: list) -> tuple[list[list], list[list]]:
     """(olds, refs), [mini-batch][micro-batch]: the π_old scorer outputs and π_ref log-probs of every
     micro-batch, computed before the first optimizer step changes the weights. π_old of the first
     mini-batch is left None: micro_step takes it from its own first forward, detached (the same
     weights), so the on-policy case K = μ = 1 costs no extra pass; unless a batch-wide token choice
     needs it before that forward."""
     cfg, algo = learner.cfg, learner.algo
-    olds = [[None] * len(micro) for _, micro in plan]
-    refs = [[None] * len(micro) for _, micro in plan]
+    olds = [[None] * len(micro) for _, micro in minibatches]
+    refs = [[None] * len(micro) for _, micro in minibatches]
     with torch.no_grad(), learner.autocast():
-        for i, (mb_episodes, micro) in enumerate(plan):
+        for i, (mb_episodes, micro) in enumerate(minibatches):
             for j, rows in enumerate(micro):
                 _, args = collate_rows(learner, rows or stand_in(mb_episodes))
-                if i > 0 or batch_wide(learner):
+                if i > 0 or batch_wide(algo, cfg):
                     olds[i][j] = learner.scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean)
                 if learner.ref_scorer is not None:
                     refs[i][j] = learner.ref_scorer(*args, cfg.temperature)["logp"]
@@ -341,14 +247,17 @@ def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, ol
     """Per micro-batch of this rank, the token flags that need the whole mini-batch (token_flags),
     from its scores at the current weights: π_old's own when nothing has moved yet (on_policy), else
     a no-grad pass. {} each when the run has no such choice."""
-    if not batch_wide(learner):
+    cfg = learner.cfg
+    if not batch_wide(learner.algo, cfg):
         return [{} for _ in micro]
     current = olds
     if not on_policy:
         with torch.no_grad(), learner.autocast():
             current = [learner.scorer(*collate_rows(learner, rows or stand_in(mb_episodes))[1],
-                                      learner.cfg.temperature) for rows in micro]
-    return token_flags(learner.algo, learner.cfg, mb_episodes, micro, current, olds, seed=seed, world=learner.world)
+                                      cfg.temperature) for rows in micro]
+    return token_flags(learner.algo, cfg, mb_episodes, micro, current, olds, seed=seed,
+                       in_loss=[in_loss(e, cfg) for e in mb_episodes],
+                       gather=partial(gather_objects, world=learner.world))
 
 
 def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old: dict | None, ref_logp,
@@ -390,7 +299,7 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
     the loss mask (DAPO's overlong filtering masks truncated rows), and per-row values."""
     cfg, device = learner.cfg, learner.device
     episodes = [e for e, _ in rows]
-    keep = torch.tensor([trained(e, cfg) for e in episodes], device=device)
+    keep = torch.tensor([in_loss(e, cfg) for e in episodes], device=device)
     mask = batch.response_mask * keep[:, None]
     is_weight = None
     if batch.sampler_logp is not None:  # π_old is the rollout's weights in the trainer
@@ -401,7 +310,7 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
         labels=torch.tensor([float(e.score > 0) for e in episodes], device=device),
         group=torch.tensor([e.group for e in episodes], device=device),
         # a row's whole response, which for a chunk is its trace (docs/math.md §5)
-        seq_tokens=torch.tensor([trained_tokens(e, cfg) for e in episodes], device=device),
+        seq_tokens=torch.tensor([loss_tokens(e, cfg) for e in episodes], device=device),
         entropy=out["entropy"], ref_logp=ref_logp,
         vocab_mean=out.get("vocab_mean"), old_vocab_mean=old.get("vocab_mean"), is_weight=is_weight,
         selected=flags.get("selected"), high_entropy=flags.get("high_entropy"))
@@ -507,72 +416,16 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
     return out
 
 
-def trained_tokens(e: Episode, cfg: Config) -> int:
+def loss_tokens(e: Episode, cfg: Config) -> int:
     """Tokens of the response (all chunks of a trace) that the loss sees."""
-    return len(e.response_ids) if trained(e, cfg) else 0
+    return len(e.response_ids) if in_loss(e, cfg) else 0
 
 
 def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
     """Global normalisers of a mini-batch (docs/math.md §0): valid tokens, responses (traces) with any,
     and the response budget L of Dr. GRPO's constant normaliser."""
-    lengths = [trained_tokens(e, cfg) for e in episodes]
-    return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0), "max_len": budget(cfg)}
-
-
-def chunk_start(e: Episode, c) -> int:
-    """Where row c's tokens start in its trace e's response: 0 for a one-row episode; for a later
-    chunk of a Markovian trace, the tokens of the chunks before it (chunks of 3, 2, 4 -> 0, 3, 5)."""
-    start = 0
-    for x in e.chunks:
-        if x is c:
-            return start
-        start += len(x.response_ids)
-    return 0
-
-
-def token_flags(algo, cfg: Config, mb_episodes: list[Episode], micro: list, current: list, olds: list,
-                seed: int, world: int) -> list[dict]:
-    """Per-token flags that need the whole mini-batch on all ranks (docs/math.md §7): "selected",
-    Clip-Cov's / KL-Cov's choice (algo.select_tokens), and "high_entropy", the --top-entropy-quantile
-    mask, as bool [n, T] per micro-batch of this rank (an empty micro-batch's stand-in gets all
-    False); the loss reads them as LossInputs.selected and LossInputs.high_entropy.
-
-    current / olds: this rank's scorer outputs per micro-batch, at the current weights and at π_old.
-    The mini-batch's response tokens are laid end to end, response after response (a trace's
-    chunks in order); each rank fills in its own rows and gathers the others', so every rank
-    computes the flags from the same flat tensors, in an order that depends neither on the number
-    of ranks nor on the micro-batch split: with responses of 3 and 2 tokens, the second one's
-    tokens are positions 3 and 4 wherever its row was scored.
-    """
-    starts = dict(zip(map(id, mb_episodes), np.cumsum([0] + [len(e.response_ids) for e in mb_episodes]).tolist()))
-    at = [[starts[id(e)] + chunk_start(e, c) for e, c in rows] for rows in micro]
-    mine = []  # (first position, [3, L]: logp, old_logp, entropy) of each row this rank scored
-    for rows, out, old, pos in zip(micro, current, olds, at):
-        for r, ((_, c), a) in enumerate(zip(rows, pos)):
-            n = len(c.response_ids)
-            mine.append((a, torch.stack([out["logp"][r, :n], old["logp"][r, :n], out["entropy"][r, :n]]).cpu()))
-    flat = torch.zeros(3, sum(len(e.response_ids) for e in mb_episodes))
-    for part in gather_objects(mine, world):
-        for a, values in part:
-            flat[:, a:a + values.shape[1]] = values
-
-    def per_response(value):  # a response's value on each of its tokens
-        return torch.cat([torch.full((len(e.response_ids),), float(value(e))) for e in mb_episodes])
-
-    tokens = {**dict(zip(("logp", "old_logp", "entropy"), flat)),
-              "adv": per_response(lambda e: e.advantage), "mask": per_response(lambda e: trained(e, cfg))}
-    picked = {}
-    if algo.select_tokens is not None:  # one generator, seeded alike on every rank
-        picked["selected"] = algo.select_tokens(tokens, cfg, torch.Generator().manual_seed(seed))
-    if cfg.top_entropy_quantile < 1:
-        picked["high_entropy"] = high_entropy(tokens["entropy"], tokens["mask"], cfg.top_entropy_quantile)
-    flags = [{name: torch.zeros_like(out["logp"], dtype=torch.bool) for name in picked} for out in current]
-    for rows, pos, f in zip(micro, at, flags):  # back to this rank's rows
-        for r, ((_, c), a) in enumerate(zip(rows, pos)):
-            n = len(c.response_ids)
-            for name, p in picked.items():
-                f[name][r, :n] = p[a:a + n]
-    return flags
+    lengths = [loss_tokens(e, cfg) for e in episodes]
+    return {"tokens": sum(lengths), "seqs": sum(1 for n in lengths if n > 0), "max_len": response_tokens(cfg)}
 
 
 # ============================================================================ logging
@@ -647,7 +500,7 @@ def preflight(cfg: Config):
     validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.plan:
         sys.exit(print_plan(cfg))
-    task, train_problems, heldout = load_problems(cfg)
+    task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
         require_peft("--lora-rank")
@@ -711,102 +564,62 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
                                       device=device, dtype=dtype, trainable=False)
 
 
-def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out: Path, start: Path | None) -> None:
-    rank, world, device = setup_distributed(cfg)
-    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
-    algo = algos.get(cfg.algo)
-    hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
-
-    autocast, dtype, mode = autocast_context(cfg, device), compute_dtype(cfg, device), parallel_mode(cfg, device)
+def learner_for(cfg: Config, start: Path | None, tokenizer, train_problems, rank: int, world: int, device):
+    """(the Learner, the policy's peft model or None): the models, AdamW and the lr schedule, said in one line."""
     lm, adapters, scorer, ref_scorer = models(cfg, start, tokenizer, train_problems, device, world)
     optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=learning_rate(cfg),
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=cfg))
-    trained = f", LoRA rank {cfg.lora_rank}: {count_parameters(lm, trainable=True)} trained" if adapters else ""
+    lora_note = f", LoRA rank {cfg.lora_rank}: {count_parameters(lm, trainable=True)} trained" if adapters else ""
     reference = "none (beta = 0)" if cfg.beta == 0 else "the base (adapters off)" if adapters else "yes"
-    say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters{trained} on {device} × {world} "
-              f"rank(s), {mode}, compute {str(dtype)[6:]}, lr {learning_rate(cfg):g}; reference model: {reference}")
+    say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters{lora_note} on {device} × {world} "
+              f"rank(s), {parallel_mode(cfg, device)}, compute {str(compute_dtype(cfg, device))[6:]}, "
+              f"lr {learning_rate(cfg):g}; reference model: {reference}")
+    return Learner(scorer=scorer, lm=lm, ref_scorer=ref_scorer, optimizer=optimizer, scheduler=scheduler,
+                   algo=algos.get(cfg.algo), cfg=cfg, autocast=autocast_context(cfg, device),
+                   pad_id=tokenizer.pad_token_id, rank=rank, world=world, device=device), adapters
 
-    learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref_scorer, optimizer=optimizer, scheduler=scheduler,
-                      algo=algo, cfg=cfg, autocast=autocast, pad_id=tokenizer.pad_token_id, rank=rank, world=world,
-                      device=device)
-    step, data_pos, mix_state = 0, 0, None
-    if start is not None:
-        state = load_trainer_state(start)
-        load_train_state(start / "train_state", lm, optimizer)  # exact fp32 weights and AdamW
-        scheduler.load_state_dict(state["scheduler"])
-        step, data_pos = state["step"], state["data_pos"]
-        mix_state = state.get("mix")
-        say(rank, f"resumed at step {step} (prompt {data_pos}) from {start}")
-        overrides = {k: (v, getattr(cfg, k)) for k, v in saved_config(start).items()
-                     if k not in ("resume", "out") and hasattr(cfg, k) and v != getattr(cfg, k)}
-        for k, (was, now) in overrides.items():
-            say(rank, f"resume: {k} {was} -> {now} (given on this launch)")
-        if state.get("world", world) != world:
-            say(rank, f"warning: the checkpoint was written by {state['world']} rank(s), this run has {world}: "
-                      f"it continues, but sampling is seeded per rank, so its trajectory differs from the "
-                      f"uninterrupted run's")
+
+def mixed_seed(seed: int, a: int, b: int) -> int:
+    """One seed from the run's seed and two counters, (step, rank) or (group, epoch): a resumed run
+    replays the same draws without saving RNG states."""
+    return seed * 1_000_003 + a * 1_009 + b
+
+
+def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out: Path, start: Path | None) -> None:
+    rank, world, device = setup_distributed(cfg)
+    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
+    hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
+    learner, adapters = learner_for(cfg, start, tokenizer, train_problems, rank, world, device)
+    lm, scheduler, log = learner.lm, learner.scheduler, partial(say, rank)
+    state = resume(start, lm, learner.optimizer, scheduler, cfg, world, log)
+    step, data_pos = state["step"], state["data_pos"]
     logged = step if start is not None else -1  # the last step whose rows the logs keep
     if rank == 0:
-        removed = clean_partials(out)
-        if removed:
-            say(rank, f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
-        for name in set_aside_later(out, logged):
-            say(rank, f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
-        if cfg.resume:  # what was logged after the checkpoint is replayed, so logged again
-            truncate_logs(out, logged)
-        (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        say(rank, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-
-    if isinstance(task, MixedTask):
-        stream = MixedStream(train_problems, task.weights, cfg.seed)
-        if mix_state is not None:
-            stream.load(mix_state)
-    else:
-        stream = PromptStream(train_problems, cfg.seed)
+        open_run(out, cfg, logged, log)
+    stream = task.stream(train_problems, cfg.seed)
+    if start is not None:
+        stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
-        with full_weights(scorer), autocast():
+        with full_weights(learner.scorer), learner.autocast():
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg))[0]
-
-    def save():
-        save_dtype = {"auto": dtype, "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
-        # every rank joins the gathers; rank 0 keeps them. LoRA: the adapters, and merged weights at the end
-        merge = adapters is None or cfg.lora_save_merged or step == cfg.max_steps
-        weights = full_state_dict(lm, save_dtype, cfg.lora_alpha / cfg.lora_rank if adapters else 0.0) if merge else {}
-        adapter = adapter_state(lm) if adapters else {}
-        state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
-                 **({"mix": stream.state()} if isinstance(stream, MixedStream) else {})}
-
-        def rank0_files(path):
-            save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights={} if adapters else weights,
-                            trainer_state=state, run_config=dataclasses.asdict(cfg))
-            if adapters is not None:  # (a folder with both would make from_pretrained apply the adapters twice)
-                save_adapter(path, adapters, adapter)
-                if weights:
-                    save_hf(path / "merged", config=hf_config, tokenizer=tokenizer, weights=weights)
-            weights.clear()  # rank 0's full CPU copy goes before the sharded state is written
-
-        checkpoint.save(out, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
-                        sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
 
     compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
-        say(rank, "step 0 " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        log("step 0 " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
 
     peak_memory(device, "set-up")  # the first rollout's peak starts here
     bar = tqdm(range(step + 1, cfg.max_steps + 1), disable=rank != 0, desc=cfg.algo, initial=step,
                total=cfg.max_steps)
     for step in bar:
-        # Every random draw of a step comes from (seed, step, rank): a resumed run replays the
-        # same trajectory without saving RNG states.
-        torch.manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
-        random.seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
+        torch.manual_seed(mixed_seed(cfg.seed, step, rank))  # every random draw of a step
+        random.seed(mixed_seed(cfg.seed, step, rank))
         t0 = time.perf_counter()
-        with full_weights(scorer), autocast():
+        with full_weights(learner.scorer), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
                 lm, tokenizer, task, stream, data_pos, cfg, rank, world)
         metrics.update(peak_memory(device, "rollout"))
@@ -824,10 +637,13 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         logger.log(step, metrics, generated[:cfg.log_samples])
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
         if "eval/accuracy" in metrics:
-            say(rank, f"step {step} eval/accuracy {metrics['eval/accuracy']:.3f} "
-                      + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
+            log(f"step {step} eval/accuracy {metrics['eval/accuracy']:.3f} "
+                + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
-            save()
+            trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
+                             "stream": stream.state()}
+            save_run(out, step, cfg=cfg, lm=lm, optimizer=learner.optimizer, adapters=adapters,
+                     trainer_state=trainer_state, hf_config=hf_config, tokenizer=tokenizer, rank=rank, device=device)
     logger.close()
 
 

@@ -60,8 +60,8 @@ class Algorithm:
                  None: the loss reads no advantage (PACS classifies the labels instead)
     loss         (LossInputs of one micro-batch, cfg, totals) -> (loss, metrics), both already
                  divided by the mini-batch's global counts (totals: "seqs", "tokens", "max_len";
-                 see grpo.aggregate)
-    knobs        every Knob it reads, its own and shared ones (grpo.AGGREGATE_KNOBS, ...)
+                 see policy_gradient.aggregate)
+    knobs        every Knob it reads, its own and shared ones (policy_gradient.AGGREGATE_KNOBS, ...)
     refuses      knob name -> why it does not read it, added to that knob's error
     check        (cfg) -> "" or a message: a rule its knobs or the run must follow
     and what train.update must compute for it:
@@ -75,7 +75,7 @@ class Algorithm:
                  mini-batch (Clip-Cov, KL-Cov). tokens: flat [N] tensors of the mini-batch on all
                  ranks, response after response: logp at the current weights, old_logp, entropy,
                  adv, mask; the generator is seeded alike on every rank. The loss reads the choice
-                 as LossInputs.selected (train.token_flags).
+                 as LossInputs.selected (algos/select.py token_flags).
     """
     name: str
     preset: dict

@@ -28,25 +28,26 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import policy_gradient
 from algos.base import Algorithm, LossInputs
 
 PRESET = dict(adv_norm="group", clip_low=10.0, clip_high=0.2, loss_agg="token-mean", mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
-KNOBS = (*grpo.ADVANTAGE_KNOBS, *grpo.CLIP_KNOBS, grpo.LOSS_AGG, *grpo.AGGREGATE_KNOBS)  # no dual clip
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.CLIP_KNOBS, policy_gradient.LOSS_AGG,
+         *policy_gradient.AGGREGATE_KNOBS)  # no dual clip
 
 
 def loss(mb: LossInputs, cfg, totals: dict):
     """−sg(w)·A·logp per token, a share of the global aggregation `cfg.loss_agg` (token-mean).
 
-    Reads logp, old_logp, mask, adv (and what grpo.aggregate reads).
+    Reads logp, old_logp, mask, adv (and what policy_gradient.aggregate reads).
     """
     ratio = torch.exp((mb.logp - mb.old_logp).clamp(-20.0, 20.0))
     w = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
-    metrics = {"pg/clipfrac": grpo.token_share(w != ratio, mb, totals)}
-    return grpo.aggregate(-w * mb.adv[:, None] * mb.logp, mb, cfg, totals,
-                          loss_agg=cfg.loss_agg, metrics=metrics)
+    metrics = {"pg/clipfrac": policy_gradient.token_share(w != ratio, mb, totals)}
+    return policy_gradient.aggregate(-w * mb.adv[:, None] * mb.logp, mb, cfg, totals,
+                                     loss_agg=cfg.loss_agg, metrics=metrics)
 
 
-ALGORITHMS = [Algorithm("cispo", PRESET, grpo.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
+ALGORITHMS = [Algorithm("cispo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
                         refuses={"dual_clip": "every token keeps its gradient; only the weight is clipped"})]

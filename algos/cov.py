@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import policy_gradient
 from algos.base import Algorithm, Knob, LossInputs
 
 _VERL = dict(adv_norm="group", loss_agg="token-mean", mini_batches=4, weight_decay=0.01)  # actor optimizer default
@@ -55,12 +55,13 @@ PRESETS = {
     "clip_cov": dict(clip_low=0.2, clip_high=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, **_VERL),
     "kl_cov": dict(kl_cov_ratio=2e-4, kl_cov_coef=0.1, **_VERL),
 }
-_SHARED = (*grpo.ADVANTAGE_KNOBS, grpo.LOSS_AGG, *grpo.AGGREGATE_KNOBS)  # neither has a dual clip
+_SHARED = (*policy_gradient.ADVANTAGE_KNOBS, policy_gradient.LOSS_AGG,
+           *policy_gradient.AGGREGATE_KNOBS)  # neither has a dual clip
 CLIP_COV_KNOBS = (
     Knob("clip_cov_ratio", 2e-4, "at most this fraction of the valid tokens loses its gradient", above=0, at_most=1),
     Knob("clip_cov_lb", 1.0, "only tokens with lb < cov(A, logp) < ub are candidates"),
     Knob("clip_cov_ub", 5.0, "upper end of that window"),
-    *grpo.CLIP_KNOBS, *_SHARED)
+    *policy_gradient.CLIP_KNOBS, *_SHARED)
 KL_COV_KNOBS = (
     Knob("kl_cov_ratio", 2e-4, "this fraction of the valid tokens, top by cov(A, logp), pays the penalty "
          "(paper 7B: 2e-3)", above=0, at_most=1),
@@ -86,8 +87,8 @@ def select_clip_cov(tokens: dict, cfg, generator: torch.Generator) -> torch.Tens
     tokens: logp (current, detached), old_logp, adv, mask, all [N]."""
     valid = tokens["mask"] > 0
     cov = covariance(tokens["adv"], tokens["logp"], valid)
-    _, clipped = grpo.clipped_surrogate(tokens["logp"][:, None], tokens["old_logp"][:, None], tokens["adv"],
-                                        clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    _, clipped = policy_gradient.clipped_surrogate(tokens["logp"][:, None], tokens["old_logp"][:, None],
+                                                   tokens["adv"], clip_low=cfg.clip_low, clip_high=cfg.clip_high)
     candidates = (valid & ~clipped[:, 0] & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)).nonzero()[:, 0]
     k = how_many(cfg.clip_cov_ratio, valid)
     picked = torch.zeros_like(valid)
@@ -108,23 +109,23 @@ def select_kl_cov(tokens: dict, cfg, generator: torch.Generator | None = None) -
 
 def clip_cov_loss(mb: LossInputs, cfg, totals: dict):
     """PPO clip with the selected tokens' loss set to 0. Reads logp, old_logp, mask, adv, selected (and
-    what grpo.aggregate reads)."""
-    per_token, clipped = grpo.clipped_surrogate(mb.logp, mb.old_logp, mb.adv,
-                                                clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+    what policy_gradient.aggregate reads)."""
+    per_token, clipped = policy_gradient.clipped_surrogate(mb.logp, mb.old_logp, mb.adv,
+                                                           clip_low=cfg.clip_low, clip_high=cfg.clip_high)
     kept = ~mb.selected
-    metrics = {"pg/clipfrac": grpo.token_share(clipped, mb, totals),
-               "cov/selected_frac": grpo.token_share(mb.selected, mb, totals)}
-    return grpo.aggregate(per_token * kept, mb, cfg, totals, loss_agg=cfg.loss_agg, metrics=metrics)
+    metrics = {"pg/clipfrac": policy_gradient.token_share(clipped, mb, totals),
+               "cov/selected_frac": policy_gradient.token_share(mb.selected, mb, totals)}
+    return policy_gradient.aggregate(per_token * kept, mb, cfg, totals, loss_agg=cfg.loss_agg, metrics=metrics)
 
 
 def kl_cov_loss(mb: LossInputs, cfg, totals: dict):
     """Unclipped −A·r, plus β_cov·|logp − logp_old| on the selected tokens. Reads as clip_cov_loss."""
     log_ratio = mb.logp - mb.old_logp
     penalty = cfg.kl_cov_coef * log_ratio.abs() * mb.selected
-    metrics = {"cov/selected_frac": grpo.token_share(mb.selected, mb, totals),
-               "cov/abs_log_ratio": grpo.token_share(log_ratio.abs(), mb, totals)}
-    return grpo.aggregate(-mb.adv[:, None] * torch.exp(log_ratio) + penalty, mb, cfg, totals,
-                          loss_agg=cfg.loss_agg, metrics=metrics)
+    metrics = {"cov/selected_frac": policy_gradient.token_share(mb.selected, mb, totals),
+               "cov/abs_log_ratio": policy_gradient.token_share(log_ratio.abs(), mb, totals)}
+    return policy_gradient.aggregate(-mb.adv[:, None] * torch.exp(log_ratio) + penalty, mb, cfg, totals,
+                                     loss_agg=cfg.loss_agg, metrics=metrics)
 
 
 def check_window(cfg) -> str:
@@ -136,9 +137,9 @@ def check_window(cfg) -> str:
 
 _NO_CLIP = "its −A·r is not clipped"
 ALGORITHMS = [
-    Algorithm("clip_cov", PRESETS["clip_cov"], grpo.batch_advantages, clip_cov_loss, knobs=CLIP_COV_KNOBS,
-              group_baseline=True, check=check_window, select_tokens=select_clip_cov),
-    Algorithm("kl_cov", PRESETS["kl_cov"], grpo.batch_advantages, kl_cov_loss, knobs=KL_COV_KNOBS,
+    Algorithm("clip_cov", PRESETS["clip_cov"], policy_gradient.batch_advantages, clip_cov_loss,
+              knobs=CLIP_COV_KNOBS, group_baseline=True, check=check_window, select_tokens=select_clip_cov),
+    Algorithm("kl_cov", PRESETS["kl_cov"], policy_gradient.batch_advantages, kl_cov_loss, knobs=KL_COV_KNOBS,
               group_baseline=True, select_tokens=select_kl_cov,
               refuses={"clip_low": _NO_CLIP, "clip_high": _NO_CLIP, "dual_clip": _NO_CLIP}),
 ]

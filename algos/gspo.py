@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import policy_gradient
 from algos.base import Algorithm, LossInputs
 
 PRESET = dict(adv_norm="group", clip_low=3e-4, clip_high=4e-4, mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
-KNOBS = (*grpo.ADVANTAGE_KNOBS, *grpo.CLIP_KNOBS, *grpo.AGGREGATE_KNOBS)  # no dual clip, no loss_agg
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.CLIP_KNOBS,
+         *policy_gradient.AGGREGATE_KNOBS)  # no dual clip, no loss_agg
 
 
 def sequence_log_ratio(logp, old_logp, mask) -> torch.Tensor:
@@ -49,7 +50,7 @@ def sequence_log_ratio(logp, old_logp, mask) -> torch.Tensor:
 def loss(mb: LossInputs, cfg, totals: dict):
     """Sequence-level PPO clip, a share of the global seq-mean-token-mean.
 
-    Reads logp, old_logp, mask, adv (and what grpo.aggregate reads).
+    Reads logp, old_logp, mask, adv (and what policy_gradient.aggregate reads).
     """
     logp, mask = mb.logp, mb.mask
     log_s = sequence_log_ratio(logp, mb.old_logp, mask).detach()
@@ -57,9 +58,9 @@ def loss(mb: LossInputs, cfg, totals: dict):
     s = torch.exp((logp - logp.detach() + log_s[:, None]).clamp(max=10.0))
     a = mb.adv[:, None]
     unclipped, clipped = -a * s, -a * s.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    metrics = {"pg/clipfrac": grpo.token_share(clipped > unclipped, mb, totals)}
-    return grpo.aggregate(torch.maximum(unclipped, clipped), mb, cfg, totals,
-                          loss_agg="seq-mean-token-mean", metrics=metrics)
+    metrics = {"pg/clipfrac": policy_gradient.token_share(clipped > unclipped, mb, totals)}
+    return policy_gradient.aggregate(torch.maximum(unclipped, clipped), mb, cfg, totals,
+                                     loss_agg="seq-mean-token-mean", metrics=metrics)
 
 
 def check(cfg) -> str:
@@ -70,6 +71,7 @@ def check(cfg) -> str:
             "have in one row: set max_chunks 1")
 
 
-ALGORITHMS = [Algorithm("gspo", PRESET, grpo.batch_advantages, loss, knobs=KNOBS, check=check, group_baseline=True,
+ALGORITHMS = [Algorithm("gspo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, check=check,
+                        group_baseline=True,
                         refuses={"loss_agg": "it always aggregates seq-mean-token-mean, as verl does",
                                  "dual_clip": "its sequence ratio is clipped on both sides, without a dual clip"})]

@@ -12,14 +12,14 @@ Effective Reinforcement Learning for LLM Reasoning" (arXiv 2506.01939). Read fro
 the mask keeps n − ⌈(1 − ρ)(n − 1)⌉ tokens: n = 10, ρ = 0.3 -> τ_H between the 7th and 8th
 smallest -> 3 tokens.
 
-Every algorithm here reads it (its knob sits in grpo.AGGREGATE_KNOBS and in ROVER's and PACS's
-knobs): train.update computes the mask over the mini-batch and passes it as
+Every algorithm here reads it (its knob sits in policy_gradient.AGGREGATE_KNOBS and in ROVER's and
+PACS's knobs): train.update computes the mask over the mini-batch and passes it as
 LossInputs.high_entropy, and each loss multiplies its per-token policy loss by it, TRL's
-`per_token_loss * entropy_mask`: grpo.aggregate for the GRPO family, GSPO, CISPO, SAPO, Clip-Cov and
-KL-Cov, before the reference KL is added (so a masked token keeps its KL gradient, as in TRL), and
-ROVER's squared error. PACS has no per-token loss (ψ is a sum over the response): there the masked
-tokens' log-probs are detached, so ψ only moves through the high-entropy tokens of a response.
-The logged `pg/loss` and `loss/total` are those of the masked loss.
+`per_token_loss * entropy_mask`: policy_gradient.aggregate for the GRPO family, GSPO, CISPO, SAPO,
+Clip-Cov and KL-Cov, before the reference KL is added (so a masked token keeps its KL gradient, as
+in TRL), and ROVER's squared error. PACS has no per-token loss (ψ is a sum over the response):
+there the masked tokens' log-probs are detached, so ψ only moves through the high-entropy tokens of
+a response. The logged `pg/loss` and `loss/total` are those of the masked loss.
 
 Where we differ from TRL, and why:
 - The entropies are those of the whole mini-batch on all ranks at the current weights (train.update

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import grpo, policy_gradient
 from algos.base import Algorithm, Knob
 
 # weight decay 0.01: the official code's default (verl/workers/fsdp_workers.py), which its script keeps
@@ -47,7 +47,8 @@ PRESETS = {
 POSITIVE_ADVANTAGE_WEIGHT = Knob("positive_advantage_weight", 0.1, "λ: advantage of a correct response "
                                  "(W-REINFORCE 0.1; PSR 1)")
 # no adv_norm, std_estimator or adv_eps: the advantage is ±1 (or λ), not normalised
-KNOBS = (POSITIVE_ADVANTAGE_WEIGHT, *grpo.CLIP_KNOBS, grpo.DUAL_CLIP, grpo.LOSS_AGG, *grpo.AGGREGATE_KNOBS)
+KNOBS = (POSITIVE_ADVANTAGE_WEIGHT, *policy_gradient.CLIP_KNOBS, policy_gradient.DUAL_CLIP, policy_gradient.LOSS_AGG,
+         *policy_gradient.AGGREGATE_KNOBS)
 
 
 def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import grpo, policy_gradient
 from algos.base import Algorithm
 
 PRESET = dict(clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean", beta=0.001, mini_batches=1,
               weight_decay=0.01)  # verl's actor optimizer default
 # its own advantage reads no adv_norm, std_estimator or adv_eps; the loss is grpo.loss
-KNOBS = (*grpo.CLIP_KNOBS, grpo.DUAL_CLIP, grpo.LOSS_AGG, *grpo.AGGREGATE_KNOBS)
+KNOBS = (*policy_gradient.CLIP_KNOBS, policy_gradient.DUAL_CLIP, policy_gradient.LOSS_AGG,
+         *policy_gradient.AGGREGATE_KNOBS)
 
 
 def advantages(scores: torch.Tensor, cfg, tokens: torch.Tensor) -> torch.Tensor:
@@ -47,7 +48,7 @@ def advantages(scores: torch.Tensor, cfg, tokens: torch.Tensor) -> torch.Tensor:
     [[1, 0], [1, 1]] with tokens [[1, 1], [1, 1]]: ã = [[0.5, −0.5], [0, 0]], μ = 0,
     σ² = 0.125·4/3 = 1/6 -> A ≈ [[1.2247, −1.2247], [0, 0]].
     """
-    centred = grpo.advantages(scores, adv_norm="none")  # R − group mean; a group of one keeps R
+    centred = policy_gradient.advantages(scores, adv_norm="none")  # R − group mean; a group of one keeps R
     n = tokens.sum()
     mean = (tokens * centred).sum() / n.clamp(min=1)
     bessel = n / (n - 1) if n > 1 else 1.0  # verl's unbiased masked variance

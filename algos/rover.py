@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from algos import grpo
+from algos import policy_gradient
 from algos.base import Algorithm, Knob, LossInputs
 from algos.high_entropy import TOP_ENTROPY_QUANTILE
 
@@ -44,14 +44,14 @@ ROVER_ADVS = ("group", "mean")
 KNOBS = (Knob("rover_temp", 1.0, "ρ: Q = ρ · (logp − logp_old)", above=0),
          Knob("rover_adv", "group", "group (official math recipe) | mean (paper: R − group mean)",
               choices=ROVER_ADVS),
-         *grpo.ADVANTAGE_KNOBS[1:],  # std_estimator, adv_eps: the group z-score's
+         *policy_gradient.ADVANTAGE_KNOBS[1:],  # std_estimator, adv_eps: the group z-score's
          TOP_ENTROPY_QUANTILE)
 
 
 def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
     """[[1, 0, 0, 1]] -> group: [[0.866, −0.866, −0.866, 0.866]]; mean: [[0.5, −0.5, −0.5, 0.5]]."""
-    return grpo.advantages(scores, adv_norm="group" if cfg.rover_adv == "group" else "none",
-                           std_estimator=cfg.std_estimator, eps=cfg.adv_eps)
+    return policy_gradient.advantages(scores, adv_norm="group" if cfg.rover_adv == "group" else "none",
+                                      std_estimator=cfg.std_estimator, eps=cfg.adv_eps)
 
 
 def next_values(vocab_mean, old_vocab_mean, mask, rho: float) -> torch.Tensor:

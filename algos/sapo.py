@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
+from algos import policy_gradient
 from algos.base import Algorithm, Knob, LossInputs
 
 PRESET = dict(adv_norm="group", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
               mini_batches=4, weight_decay=0.01)  # verl's actor optimizer default
-KNOBS = (*grpo.ADVANTAGE_KNOBS,
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS,
          Knob("sapo_tau_pos", 1.0, "gate temperature where A > 0: ℓ = −σ(τ(r − 1))·4/τ·A", above=0),
          Knob("sapo_tau_neg", 1.05, "gate temperature where A ≤ 0 (larger: negative updates fade faster "
               "off-policy)", above=0),
-         *grpo.AGGREGATE_KNOBS)  # no clip, no dual clip, no loss_agg
+         *policy_gradient.AGGREGATE_KNOBS)  # no clip, no dual clip, no loss_agg
 
 
 def gate(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -48,18 +48,18 @@ def gate(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 def loss(mb: LossInputs, cfg, totals: dict):
     """−f(r)·A per token, a share of the global seq-mean-token-mean.
 
-    Reads logp, old_logp, mask, adv (and what grpo.aggregate reads).
+    Reads logp, old_logp, mask, adv (and what policy_gradient.aggregate reads).
     """
     ratio = torch.exp((mb.logp - mb.old_logp).clamp(-20.0, 20.0))
     a = mb.adv[:, None]
     tau = torch.where(a > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg).to(ratio.dtype)
     sig = torch.sigmoid(tau * (ratio - 1)).detach()
-    metrics = {"sapo/grad_scale": grpo.token_share(4 * sig * (1 - sig) * ratio.detach(), mb, totals)}
-    return grpo.aggregate(-gate(ratio, tau) * a, mb, cfg, totals, loss_agg="seq-mean-token-mean",
-                          metrics=metrics)
+    metrics = {"sapo/grad_scale": policy_gradient.token_share(4 * sig * (1 - sig) * ratio.detach(), mb, totals)}
+    return policy_gradient.aggregate(-gate(ratio, tau) * a, mb, cfg, totals, loss_agg="seq-mean-token-mean",
+                                     metrics=metrics)
 
 
 _GATE = "its smooth gate replaces the clip"
-ALGORITHMS = [Algorithm("sapo", PRESET, grpo.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
+ALGORITHMS = [Algorithm("sapo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
                         refuses={"loss_agg": "it always aggregates seq-mean-token-mean, as verl and TRL do",
                                  "clip_low": _GATE, "clip_high": _GATE, "dual_clip": _GATE})]

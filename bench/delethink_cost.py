@@ -70,7 +70,7 @@ def chunking_for(*, mode: str, n: int, c: int):
     if mode == "longcot":
         return Chunking(), n
     chunking = Chunking(carryover=c // 2, head=0, max_chunks=1 + 2 * (n - c) // c)
-    assert chunking.budget(c) == n
+    assert chunking.max_tokens(c) == n
     return chunking, c
 
 

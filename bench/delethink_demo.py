@@ -74,7 +74,7 @@ def main() -> None:
             "|---|---|---|---|---|---|"]
     for name, extra, chunks in (("delethink", [], cap), ("longcot", ["--max-chunks", "1"], 1)):
         evals, wall = train(base / name, *extra)
-        rows.append(f"| {name} | {chunks} | {chunking(cfg).budget(c) if chunks > 1 else c} | "
+        rows.append(f"| {name} | {chunks} | {chunking(cfg).max_tokens(c) if chunks > 1 else c} | "
                     f"{100 * evals[0]['eval/accuracy']:.1f}% → {100 * evals[-1]['eval/accuracy']:.1f}% | "
                     f"{100 * evals[-1]['eval/truncated']:.0f}% | {wall / 60:.1f} min |")
         print(rows[-1], flush=True)
@@ -88,7 +88,7 @@ def main() -> None:
              "after Delethink": scaling(str(base / "delethink" / "checkpoints" / f"step-{cfg.max_steps}"),
                                         terms, caps, args.tts_problems, args.tts_samples)}
     print(f"\ntest-time scaling on {terms[0]}-{terms[1]} terms, accuracy (truncated) vs the chunk cap I:\n")
-    print("| model | " + " | ".join(f"I = {i} ({Chunking(m, cfg.chunk_head, i).budget(c)} tokens)"
+    print("| model | " + " | ".join(f"I = {i} ({Chunking(m, cfg.chunk_head, i).max_tokens(c)} tokens)"
                                    for i in caps) + " |")
     print("|---" * (len(caps) + 1) + "|")
     for name, results in table.items():

@@ -17,7 +17,7 @@ grad-norm clip 1, fp32 on CPU, no gradient checkpointing, no vLLM; on 1 process 
               max_completion_length 80, loss_type "grpo" (per-sequence token mean, then the mean
               over sequences = our default seq-mean-token-mean), scale_rewards "group" (our
               group-normalised advantages), epsilon 0.2, the same model object (model.load_model),
-              tokenizer, chat template, prompts in the same order (train.PromptStream of the
+              tokenizer, chat template, prompts in the same order (tasks.PromptStream of the
               built-in training split, seed 0) and reward (RunningSumTask().grade(problem, text));
               DDP without find_unused_parameters, as ours.
 
@@ -63,7 +63,7 @@ def trl_child(out: Path, steps: int) -> None:
     from model import load_model, load_tokenizer
     from rewards import Problem
     from tasks import RunningSumTask, builtin_splits
-    from train import PromptStream
+    from tasks import PromptStream
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:  # what parallel.setup_distributed gives each CPU rank (torchrun's default, too)

@@ -7,7 +7,7 @@ algos/__init__.py. That is the whole change; config.py learns `--toy-cap` from K
 
     advantage  A_i = clip(R_i − mean_g R, −toy_cap, toy_cap)
     per token  ℓ = −A · r,  r = exp(logp − logp_old): REINFORCE's gradient on-policy, no clip
-    aggregate  token-mean over the mini-batch on all ranks (grpo.aggregate, docs/math.md §0/§1),
+    aggregate  token-mean over the mini-batch on all ranks (policy_gradient.aggregate, docs/math.md §0/§1),
                which also applies --beta, --tis-cap, --mis-cap and --top-entropy-quantile
 
 Worked example (tests/test_fork.py): R = [1, 0, 0, 1], toy_cap 0.3 -> A = [0.3, −0.3, −0.3, 0.3];
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from algos import grpo
 from algos.base import Algorithm, Knob, LossInputs
+from algos.policy_gradient import AGGREGATE_KNOBS, aggregate
 
 PRESET = dict(mini_batches=1)
-KNOBS = (Knob("toy_cap", 0.5, "toy: the advantage is clipped to [−cap, cap]", above=0), *grpo.AGGREGATE_KNOBS)
+KNOBS = (Knob("toy_cap", 0.5, "toy: the advantage is clipped to [−cap, cap]", above=0), *AGGREGATE_KNOBS)
 
 
 def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
@@ -32,7 +32,7 @@ def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
 def loss(mb: LossInputs, cfg, totals: dict):
     """−A·r per token, a share of the mini-batch's token-mean."""
     ratio = torch.exp(mb.logp - mb.old_logp)
-    return grpo.aggregate(-mb.adv[:, None] * ratio, mb, cfg, totals, loss_agg="token-mean", metrics={})
+    return aggregate(-mb.adv[:, None] * ratio, mb, cfg, totals, loss_agg="token-mean", metrics={})
 
 
 ALGORITHMS = [Algorithm("toy", PRESET, advantages, loss, knobs=KNOBS)]

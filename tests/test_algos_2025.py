@@ -14,8 +14,7 @@ import torch
 
 import algos
 import pair
-import train
-from algos import LossInputs, cov, grpo, high_entropy, reinforce_pp, sapo
+from algos import LossInputs, cov, high_entropy, policy_gradient, reinforce_pp, sapo, select
 from config import Config, validate
 from rewards import DataError, Problem
 from rollout import Chunk, Episode
@@ -308,8 +307,8 @@ def test_is_weight_scales_the_policy_term_but_not_the_reference_kl():
     logp = torch.tensor([[-1.0, -2.0]])
     mb = LossInputs(logp=logp, old_logp=logp, mask=torch.ones(1, 2), adv=torch.tensor([1.0]),
                     ref_logp=logp - 0.1, is_weight=torch.tensor([[0.5, 2.0]]))
-    loss, metrics = grpo.aggregate(-logp, mb, cfg, {"seqs": 1, "tokens": 2, "max_len": 2},
-                                          loss_agg="token-mean", metrics={})
+    loss, metrics = policy_gradient.aggregate(-logp, mb, cfg, {"seqs": 1, "tokens": 2, "max_len": 2},
+                                              loss_agg="token-mean", metrics={})
     k3 = math.exp(-0.1) + 0.1 - 1
     assert metrics["pg/loss"].item() == pytest.approx((1.0 * 0.5 + 2.0 * 2.0) / 2)
     assert loss.item() == pytest.approx((0.5 + 4.0) / 2 + 0.5 * k3, abs=1e-6)
@@ -332,8 +331,8 @@ def test_chunk_start_places_each_chunk_row_in_its_trace():
     chunks = [Chunk([5], [1, 2, 3]), Chunk([5, 3], [4, 5]), Chunk([5, 5], [6, 7, 8, 9])]
     e = Episode(prompt_ids=[5], response_ids=list(range(1, 10)), text="", truncated=False, group=0,
                 problem=Problem("p", "0"), chunks=chunks)
-    assert [train.chunk_start(e, c) for c in chunks] == [0, 3, 5]
-    assert train.chunk_start(replace(e, chunks=[]), Chunk([5], [1])) == 0  # a one-row episode
+    assert [select.chunk_start(e, c) for c in chunks] == [0, 3, 5]
+    assert select.chunk_start(replace(e, chunks=[]), Chunk([5], [1])) == 0  # a one-row episode
 
 
 # ---------------------------------------------------------------- 2 ranks, every new name

@@ -1,4 +1,4 @@
-"""Code problems as a task (tasks.CodeTask): a data file whose rows have tests, its prompt recipes,
+"""Code problems as a task (code_grader.CodeTask): a data file whose rows have tests, its prompt recipes,
 its knobs, and `eval.py --responses`, which grades given responses with no model loaded.
 
 The sandbox and the grader themselves are tests/test_sandbox.py's; here they run in the
@@ -12,10 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import config
+import data
 import eval as evaluation
 import model
+from code_grader import CodeTask
+from data import make_task
 from rewards import DataError, Problem, Verdict
-from tasks import CODE_TEMPLATES, CodeTask, code_prompt, is_code_file, make_task
+from tasks import CODE_TEMPLATES, code_prompt, is_code_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "code_problems.jsonl"  # right and wrong programs for each problem
 PASSED = {"code/tests_passed": 1.0, "code/no_program": 0.0, "code/timeout": 0.0, "code/crash": 0.0,
@@ -111,7 +114,7 @@ def test_code_file_shapes_and_mistakes(tmp_path):
 ])
 def test_code_knobs_are_read_by_code_files_only(flags, message):
     with pytest.raises(DataError, match=message):
-        config.load_problems(config.parse_config(flags))
+        data.load(config.parse_config(flags))
 
 
 def test_bounds_of_the_code_knobs():

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from rewards import DataError, Problem
-from tasks import load_file, make_task
+from data import make_task
+from tasks import load_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NAMES = ("gsm8k", "math500", "aime", "amc")

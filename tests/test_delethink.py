@@ -75,7 +75,7 @@ def test_spec_worked_example():
     assert [(budget, cached) for _, budget, cached in lm.calls] == [(8, False), (4, True), (4, True)]
     assert lm.prefills == [[Q]]  # the q ⧺ head block (h = 0), prefilled once, after chunk 1
     assert e.response_ids == g(*range(1, 17)) and e.truncated  # cut at the budget, 8 + 2·4 = 16
-    assert Chunking(4, 0, 3).budget(8) == 16
+    assert Chunking(4, 0, 3).max_tokens(8) == 16
     assert e.text == " ".join(map(str, g(*range(9, 17))))  # the carried tokens ⧺ the last chunk
 
     (e4,) = rollout(ScriptedLM(length=20), c=8, m=4, h=0, cap=4)  # I = 4 reaches the EOS
@@ -175,7 +175,7 @@ def test_random_budgets_on_the_tiny_model(seed):
         assert done == e.response_ids
         assert e.truncated == (EOS not in e.response_ids)
         if e.truncated:
-            assert len(e.chunks) == cap and len(e.response_ids) == Chunking(m, h, cap).budget(c)
+            assert len(e.chunks) == cap and len(e.response_ids) == Chunking(m, h, cap).max_tokens(c)
 
     cfg = Config(group_size=4, prompts_per_step=3, micro_batch_size=5)
     for rank in range(2):

@@ -137,7 +137,8 @@ def test_answer_gate_with_the_math_grader(tmp_path):
 
 
 def test_prompt_templates(tmp_path):
-    from config import load_problems, parse_config, validate
+    from config import parse_config, validate
+    from data import load
     from rewards import DataError
     from tasks import PROMPT_TEMPLATES, with_template
     from rewards import Problem
@@ -150,7 +151,7 @@ def test_prompt_templates(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "2+2?", "answer": "4"}\n')
     cfg = parse_config(["--data", str(data), "--eval-data", str(data), "--prompt-template", "rover"])
-    _, train, heldout = load_problems(cfg)
+    _, train, heldout = load(cfg)
     assert train[0].prompt == heldout[0].prompt == ("2+2? Let's think step by step and output the final "
                                                     "answer within \\boxed{}.")
     with pytest.raises(DataError, match="already in the chat format: set chat_template false"):

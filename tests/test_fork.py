@@ -26,8 +26,9 @@ import algos
 import config
 import pair
 import train
-from rewards import DataError, Problem, RewardFunction, Verdict
-from tasks import make_task
+from grader_pool import RewardFunction
+from rewards import DataError, Problem, Verdict
+from data import make_task
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rewards import MathGrader, MathGraderPool, Problem, Verdict, grade_batch
-from tasks import FileTask, RunningSumTask, make_task
+from grader_pool import MathGrader, MathGraderPool
+from rewards import Problem, Verdict, grade_batch
+from data import make_task
+from tasks import FileTask, RunningSumTask
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HANG = [sys.executable, str(FIXTURES / "hang_worker.py")]
@@ -77,10 +79,12 @@ def test_file_task_grades_with_math_verify(tmp_path):
 
 
 def test_file_task_without_math_verify_fails_before_any_model_loads(tmp_path, monkeypatch):
+    import importlib.util
+
     import rewards
     path = tmp_path / "gsm.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n")
-    monkeypatch.setattr(rewards.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(rewards.DataError, match="needs math-verify: pip install math-verify"):
         FileTask(str(path))
 

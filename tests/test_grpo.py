@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from algos import ALGORITHMS, LossInputs, grpo
+from algos import ALGORITHMS, LossInputs, policy_gradient
 from config import Config
 
 R = [1.0, 0.0, 0.0, 1.0]
@@ -29,13 +29,13 @@ def spec_loss(name, **over):
 
 def test_group_and_rloo_advantages():
     s = torch.tensor([R], dtype=torch.float64)
-    group = grpo.advantages(s, adv_norm="group", std_estimator="unbiased", eps=1e-6)
+    group = policy_gradient.advantages(s, adv_norm="group", std_estimator="unbiased", eps=1e-6)
     assert torch.allclose(group, torch.tensor([[1, -1, -1, 1]], dtype=torch.float64) * 0.8660239038, atol=1e-9)
-    rloo = grpo.advantages(s, adv_norm="rloo")
+    rloo = policy_gradient.advantages(s, adv_norm="rloo")
     assert torch.allclose(rloo, torch.tensor([[2, -2, -2, 2]], dtype=torch.float64) / 3, atol=1e-12)
-    none = grpo.advantages(s, adv_norm="none")
+    none = policy_gradient.advantages(s, adv_norm="none")
     assert torch.allclose(none, torch.tensor([[0.5, -0.5, -0.5, 0.5]], dtype=torch.float64))
-    one = grpo.advantages(torch.tensor([[3.0]]), adv_norm="group")  # mean 0, std 1
+    one = policy_gradient.advantages(torch.tensor([[3.0]]), adv_norm="group")  # mean 0, std 1
     assert torch.allclose(one, torch.tensor([[3.0]]) / (1 + 1e-6))
 
 
@@ -77,25 +77,25 @@ def test_lite_ppo_and_rloo_presets_match_hand_computation():
 
 def test_batch_std_spans_groups():
     s = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    adv = grpo.advantages(s, adv_norm="batch", std_estimator="population", eps=0.0)
+    adv = policy_gradient.advantages(s, adv_norm="batch", std_estimator="population", eps=0.0)
     assert torch.allclose(adv, torch.tensor([[0.5, -0.5], [0.0, 0.0]]) / s.flatten().std(unbiased=False))
 
 
 def test_clipping_and_dual_clip():
     logp, old = torch.tensor([[0.0, 0.0]]), torch.log(torch.tensor([[1 / 1.5, 1 / 5.0]]))  # r = 1.5, 5
-    loss, clipped = grpo.clipped_surrogate(logp, old, torch.tensor([1.0]), clip_low=0.2, clip_high=0.28)
+    loss, clipped = policy_gradient.clipped_surrogate(logp, old, torch.tensor([1.0]), clip_low=0.2, clip_high=0.28)
     assert torch.allclose(loss, torch.tensor([[-1.28, -1.28]]))  # positive A: capped at 1 + ε_high
     assert clipped.all()
-    loss, _ = grpo.clipped_surrogate(logp, old, torch.tensor([-1.0]), clip_low=0.2, clip_high=0.2,
-                                     dual_clip=3.0)
+    loss, _ = policy_gradient.clipped_surrogate(logp, old, torch.tensor([-1.0]), clip_low=0.2, clip_high=0.2,
+                                                dual_clip=3.0)
     assert torch.allclose(loss, torch.tensor([[1.5, 3.0]]))  # ratio 5 with A = -1: capped at c·|A|
 
 
 def test_token_weights_docstring_example():
     mask = torch.tensor([[1.0, 1, 0], [1, 1, 1]])
-    w = grpo.token_weights(mask, loss_agg="seq-mean-token-mean", n_seqs=2, n_tokens=5, max_len=4)
+    w = policy_gradient.token_weights(mask, loss_agg="seq-mean-token-mean", n_seqs=2, n_tokens=5, max_len=4)
     assert torch.allclose(w, torch.tensor([[1 / 4, 1 / 4, 0], [1 / 6, 1 / 6, 1 / 6]]))
-    w = grpo.token_weights(mask, loss_agg="seq-mean-token-sum-norm", n_seqs=2, n_tokens=5, max_len=4)
+    w = policy_gradient.token_weights(mask, loss_agg="seq-mean-token-sum-norm", n_seqs=2, n_tokens=5, max_len=4)
     assert torch.allclose(w, mask / 8)
 
 

@@ -1,5 +1,5 @@
 """Mixed-domain runs (`--data a,b,c --data-weights ...`): the sources and their weights checked before
-anything loads, the seeded per-prompt draw of a source (train.MixedStream) and its exact resume,
+anything loads, the seeded per-prompt draw of a source (mixed.MixedStream) and its exact resume,
 and per-domain metrics in training and eval, in one process on a random model; a mix on 2 ranks,
 resumed, in the session's shared launch (tests/pair.py). The issue's mix, running sums and
 countdown 0.5/0.5, is measured in the README ("Mixed domains"): 150 steps on 2 ranks, and the same
@@ -12,6 +12,7 @@ import pytest
 
 import config
 import eval as evaluation
+import mixed
 import pair
 import train
 from rewards import DataError, Problem
@@ -46,7 +47,7 @@ def test_sources_and_weights_are_checked_before_anything_loads(flags, message):
 
 def stream(weights, seed=0):
     problems = [Problem(f"{d}{i}", "", d) for d in weights for i in range(5)]
-    return train.MixedStream(problems, weights, seed)
+    return mixed.MixedStream(problems, weights, seed)
 
 
 def test_the_stream_draws_sources_by_weight_and_resumes_exactly():

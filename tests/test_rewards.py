@@ -5,7 +5,8 @@ import pytest
 
 from eval import pass_at_k
 from rewards import DataError, Problem, Verdict, gold_answer, overlong_penalty, parse_arithmetic
-from tasks import CountdownTask, RunningSumTask, builtin_splits, load_file, make_task
+from data import make_task
+from tasks import CountdownTask, RunningSumTask, builtin_splits, load_file
 
 
 def test_running_sum_solution_and_grader():

@@ -1,0 +1,70 @@
+"""--data -> the run's task, training problems and held-out problems, read and checked before any
+model is loaded (train.py and eval.py alike).
+
+A source is a built-in task, a data file or a task of your own (tasks.py), a file of code problems
+(code_grader.CodeTask, imported only then); several sources make one mixed task (mixed.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from config import CODE_KNOBS, Config, RunConfig, data_weights, held_out_files, sources
+from mixed import mix
+from rewards import DataError, Problem
+from tasks import (TASKS, CODE_TEMPLATES, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
+                   with_template)
+
+
+def load(cfg: Config) -> tuple[Task, list[Problem], list[Problem]]:
+    """(task, train problems, held-out problems). Each source keeps eval_problems held-out problems;
+    in a mixed run (several --data sources) the task is a mixed.MixedTask and every problem carries
+    its source's name (Problem.domain)."""
+    srcs, mixed = sources(cfg), "," in cfg.data
+    code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
+                memory=cfg.sandbox_memory)
+    loaded = {}
+    for src, held_out in zip(srcs, held_out_files(cfg)):
+        task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
+                         sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
+                         grade_budget=cfg.grade_budget, code=code,
+                         reward="" if mixed and is_code_file(src) else cfg.reward)  # a code file has its tests
+        problems, held = task.splits()
+        if held_out:
+            held = task.read(held_out)
+        held = held[:cfg.eval_problems or None]
+        if not is_code_file(src):  # a code file's recipe (--code-template) chose its prompts
+            problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
+        loaded[domain_name(src)] = task, problems, held
+    code_files = [src for src in srcs if is_code_file(src)]
+    unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
+              if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default]
+    if unread and not code_files:
+        raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
+                        f"with tests), so nothing reads it; leave it at its default")
+    if cfg.prompt_template and len(code_files) == len(srcs):
+        raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
+                        f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
+    return mix(loaded, data_weights(cfg)) if mixed else loaded[domain_name(srcs[0])]
+
+
+def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
+              grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
+              reward: str = "", code: dict | None = None) -> Task:
+    """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
+    problems (CodeTask, built with `code`, its keyword arguments), or any other data file (graded
+    by math-verify, or by the --reward function)."""
+    if data in TASKS:
+        return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
+    if plugin_spec(data):
+        return load_task(data)
+    if is_code_file(data):
+        if reward:
+            raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
+                            f"graded by running them; drop --reward")
+        from code_grader import CodeTask  # the sandbox is imported only when a run has code problems
+
+        return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
+    if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
+        return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
+    raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
+                    f"file, nor path/to/file.py:Class")
