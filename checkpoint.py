@@ -235,6 +235,7 @@ def resume(start: Path | None, lm, optimizer, scheduler, cfg, world: int, say) -
     if start is None:
         return {"step": 0, "data_pos": 0}
     state = load_trainer_state(start)
+    state.setdefault("stream", state.pop("mix", {}))  # a checkpoint before 2026-11-26 kept a mixed stream as "mix"
     load_train_state(start / "train_state", lm, optimizer)
     scheduler.load_state_dict(state["scheduler"])
     say(f"resumed at step {state['step']} (prompt {state['data_pos']}) from {start}")

@@ -5,10 +5,12 @@ resumed, in the session's shared launch (tests/pair.py). The issue's mix, runnin
 countdown 0.5/0.5, is measured in the README ("Mixed domains"): 150 steps on 2 ranks, and the same
 run killed and resumed (its countdown split would cost this suite 3 s a run to build)."""
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 import config
 import eval as evaluation
@@ -96,6 +98,14 @@ def test_a_mixed_run_logs_each_domain_and_resumes_with_the_same_draws(random_mod
         assert row.get("code/code_problems/no_program", 1.0) == 1.0 == row.get("code/no_program", 1.0)
     untimed = [{k: v for k, v in row.items() if not k.startswith("time/")} for row in whole[3:] + resumed]
     assert untimed[0] == untimed[1]
+    # a checkpoint written before the stream's state had its own key kept a mixed stream as "mix"
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-2", old / "checkpoints" / "step-2")
+    state = torch.load(old / "checkpoints" / "step-2" / "trainer_state.pt", weights_only=True)
+    state["mix"] = state.pop("stream")
+    torch.save(state, old / "checkpoints" / "step-2" / "trainer_state.pt")
+    train.main([*flags, "--resume", str(old)])
+    assert {k: v for k, v in metrics(old)[-1].items() if not k.startswith("time/")} == untimed[0]
     for row in whole[0], whole[2]:  # eval: 2 held-out problems of each source
         assert row["eval/accuracy"] == pytest.approx(sum(row[f"eval/{d}/accuracy"] for d in domains) / 3)
         assert {f"eval/{d}/pass@2" for d in domains} <= row.keys() and row["eval/code_problems/code/no_program"] == 1
