@@ -387,9 +387,9 @@ class Engine:
             cache, logits = forward_columns(lm, ids, mask, prefix, prefix.get_seq_length(), chunk)
         return cache, copies, logits[copies]
 
-    def decode(self, ids, mask, *, sampling, budget: int, stops: list[int], prefix=None,
+    def decode(self, ids, mask, *, sampling, new_tokens: int, stops: list[int], prefix=None,
                prefill_chunk: int = 0) -> tuple[list[list[int]], list[list[float]]]:
-        """Left-padded prompts ids/mask [n, w] -> each row's `budget` new tokens and their
+        """Left-padded prompts ids/mask [n, w] -> each row's `new_tokens` new tokens and their
         log-probs under the sampler (a row runs on after its stop id; the caller cuts there)."""
         n, w = ids.shape
         lm = self._model()
@@ -397,7 +397,7 @@ class Engine:
         with inference(lm):
             lm = self.runner(lm)
             cache, copies, logits = self.prefill(lm, ids, mask, prefix=prefix, chunk=prefill_chunk)
-            self._reserve(self._bucket(n), w + budget, cache)
+            self._reserve(self._bucket(n), w + new_tokens, cache)
             for layer, k, v in zip(cache.layers, self.keys, self.values):
                 k[:n, :, :w], v[:n, :, :w] = layer.keys[copies], layer.values[copies]
             del cache
@@ -418,7 +418,7 @@ class Engine:
             previous = lm.config._attn_implementation
             lm.set_attn_implementation(ATTENTION)
             try:
-                for t in range(1, budget):
+                for t in range(1, new_tokens):
                     if t % check == 0:
                         rows = self._leave(rows)
                         if not rows:
@@ -427,7 +427,7 @@ class Engine:
             finally:
                 lm.set_attn_implementation(previous)
                 self.release()
-            return self.out_tokens[:n, :budget].tolist(), self.out_logp[:n, :budget].tolist()
+            return self.out_tokens[:n, :new_tokens].tolist(), self.out_logp[:n, :new_tokens].tolist()
 
     def _bucket(self, live: int) -> int:
         """Rows a step runs for `live` live rows: a power of two when compiled (few graphs)."""

@@ -291,11 +291,11 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     """`sample` by the engine (engine.py): the model's Engine decodes the padded rows, and each
     row is cut after its first stop id."""
     ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
-    stops, budget = stop_ids(tokenizer), sampling.max_new_tokens
+    stops, most = stop_ids(tokenizer), sampling.max_new_tokens
     engine = Engine.of(lm, sampling.engine_compile)
-    tokens, logps = engine.decode(ids, mask, sampling=sampling, budget=budget, stops=stops, prefix=cache,
+    tokens, logps = engine.decode(ids, mask, sampling=sampling, new_tokens=most, stops=stops, prefix=cache,
                                   prefill_chunk=sampling.prefill_chunk)
-    cut = [cut_at_stop(t, stops, budget) for t in tokens]
+    cut = [cut_at_stop(t, stops, most) for t in tokens]
     return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
 
 

@@ -109,7 +109,7 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
 def shaped_score(e: Episode, cfg: Config) -> float:
     """What the advantages see: the reward, 0 for a response without EOS under zero_truncated
     (Dr. GRPO), plus DAPO's soft overlong penalty, whose ramp is overlong_cache tokens long (0: a
-    fifth of the budget, DAPO's 4096 of 20480). Budget 80, length 72, reward 1 -> 1 − 8/16 = 0.5."""
+    fifth of response_tokens, DAPO's 4096 of 20480). Response tokens 80, length 72, reward 1 -> 1 − 8/16 = 0.5."""
     score = 0.0 if cfg.zero_truncated and e.truncated else e.reward
     if cfg.overlong_penalty:
         most = response_tokens(cfg)
@@ -244,7 +244,7 @@ def fixed_passes(learner: Learner, *, minibatches: list) -> tuple[list[list], li
 
 def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, olds: list, on_policy: bool,
                 seed: int) -> list[dict]:
-    """Per micro-batch of this rank, the token flags that need the whole mini-batch (token_flags),
+    """Per micro-batch of this rank, the token flags that need the whole mini-batch (algos/select.py),
     from its scores at the current weights: π_old's own when nothing has moved yet (on_policy), else
     a no-grad pass. {} each when the run has no such choice."""
     cfg = learner.cfg

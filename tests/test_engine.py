@@ -61,7 +61,7 @@ def engine_decode(engine, rows, sampling, eos) -> list[tuple[list[int], list[flo
     """Each row's tokens up to its first eos, with their log-probs (what follows is not written
     for a row that left the batch)."""
     ids = torch.tensor([[PAD] * (12 - len(r)) + r for r in rows])
-    tokens, logps = engine.decode(ids, (ids != PAD).long(), sampling=sampling, budget=sampling.max_new_tokens,
+    tokens, logps = engine.decode(ids, (ids != PAD).long(), sampling=sampling, new_tokens=sampling.max_new_tokens,
                                   stops=[eos])
     cut = [t[:t.index(eos) + 1] if eos in t else t for t in tokens]
     return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
