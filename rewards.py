@@ -44,6 +44,7 @@ class Problem:
     prompt: str  # the user message, before any chat template
     answer: str  # the gold answer as a string (a code problem: which row's tests, "file:line")
     domain: str = ""  # its source's name in a mixed run (--data a,b), which grades it; "" in a run of one source
+    id: str = ""  # the row's own id in its data file (its id, idx or unique_id field), "" where it has none
 
 
 # ----------------------------------------------------------------------------- answer tags
