@@ -6,7 +6,10 @@ that the two scripts never disagree and never import each other.
 
 Precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
 The fields of RunConfig below are the run's; Config adds every knob an algorithm declares
-(algos.KNOBS: its name, default, help line and bounds live next to the loss that reads it).
+(algos.KNOBS: its name, default, help line and bounds live next to the loss that reads it). Config
+is built on first use, and the modules that need torch are imported where they are used, so that
+grading given responses (eval.py --responses: a RunConfig, parse_config(argv, knobs=False)) starts
+without the algorithms, torch or transformers.
 """
 from __future__ import annotations
 
@@ -16,14 +19,12 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import functools
+
 import yaml
 
-import algos
-from algos.base import out_of_bounds
-from checkpoint import resolve_resume, saved_config
-from model import check_context
+from bounds import out_of_bounds
 from rewards import DataError, Problem
-from rollout import Chunking, Sampling, encode_prompts
 from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
@@ -129,18 +130,25 @@ class RunConfig:
     plan_prompt_tokens: int = 512  # prompt length the plan assumes (use your data's longest)
 
 
-def _with_knobs(run: type) -> type:
+@functools.cache
+def config_class() -> type:
     """Config: RunConfig's fields, then every knob of the registry (algos.KNOBS), defaults included."""
-    clash = sorted(set(algos.KNOBS) & {f.name for f in fields(run)})
+    import algos
+
+    clash = sorted(set(algos.KNOBS) & {f.name for f in fields(RunConfig)})
     if clash:
         raise ValueError(f"algos: knob(s) {', '.join(clash)} are already fields of RunConfig in config.py")
     cls = dataclasses.make_dataclass("Config", [(k.name, type(k.default), field(default=k.default))
-                                                for k in algos.KNOBS.values()], bases=(run,))
+                                                for k in algos.KNOBS.values()], bases=(RunConfig,))
     cls.__module__ = __name__  # so that pickle (spawned workers get a Config) finds it as config.Config
     return cls
 
 
-Config = _with_knobs(RunConfig)
+def __getattr__(name: str):
+    """config.Config, built on first use (config_class)."""
+    if name == "Config":
+        return config_class()
+    raise AttributeError(f"module 'config' has no attribute {name!r}")
 
 
 class Parser(argparse.ArgumentParser):
@@ -151,27 +159,35 @@ class Parser(argparse.ArgumentParser):
         raise DataError(f"{message} (--help lists every flag)")
 
 
-def parse_config(argv=None) -> Config:
+def parse_config(argv=None, knobs: bool = True) -> RunConfig:
+    """The Config of the flags in argv (sys.argv without it). knobs False: a RunConfig, without the
+    algorithms' knobs or presets; a --config file's other fields are then left unread."""
+    config = config_class() if knobs else RunConfig
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS)
-    for f in fields(Config):
+    for f in fields(config):
         kind = _kind(f.name)
         flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
                             help=_help(f.name), metavar=kind.__name__.upper(), **flag)
     cli = vars(parser.parse_args(argv))
-    file_values = _read_yaml(cli["config"]) if cli.get("config") else {}
+    file_values = _read_yaml(cli["config"], config) if cli.get("config") else {}
     given = {**file_values, **cli}
-    base = algos.get(given.get("algo", Config.algo)).preset
+    if not knobs:
+        return config(**given)
+    import algos
+    from checkpoint import resolve_resume, saved_config
+
+    base = algos.get(given.get("algo", RunConfig.algo)).preset
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
         if checkpoint is not None and (checkpoint / "train_config.yaml").is_file():  # else train.preflight says so
-            known = {f.name for f in fields(Config)} - {"out", "resume"}  # where the run is now, not was
+            known = {f.name for f in fields(config)} - {"out", "resume"}  # where the run is now, not was
             base = {k: v for k, v in saved_config(checkpoint).items() if k in known}
-    return Config(**{**base, **given})
+    return config(**{**base, **given})
 
 
 def _kind(name: str) -> type:
-    f = Config.__dataclass_fields__[name]
+    f = (RunConfig if name in RunConfig.__dataclass_fields__ else config_class()).__dataclass_fields__[name]
     return type(f.default_factory() if f.default is dataclasses.MISSING else f.default)
 
 
@@ -190,7 +206,9 @@ def _parser_for(kind):
 def _help(name: str, _source=Path(__file__).read_text()) -> str:
     """The field's comment in RunConfig, or an algorithm knob's help and who reads it, so that
     --help, the dataclass and the registry never disagree."""
-    if name in algos.KNOBS:
+    if name not in RunConfig.__dataclass_fields__:
+        import algos
+
         return f"{algos.KNOBS[name].help} [{', '.join(readers(name))}]"
     line = _source.split(f"\n    {name}: ", 1)[1].split("\n", 1)[0]
     return line.split("# ", 1)[1] if "# " in line else ""
@@ -198,10 +216,12 @@ def _help(name: str, _source=Path(__file__).read_text()) -> str:
 
 def readers(knob: str) -> list[str]:
     """The --algo names whose algorithm reads this knob."""
+    import algos
+
     return [a.name for a in algos.ALGORITHMS.values() if any(k.name == knob for k in a.knobs)]
 
 
-def _read_yaml(path: str) -> dict:
+def _read_yaml(path: str, config: type) -> dict:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"--config {path}: no such file")
@@ -211,7 +231,9 @@ def _read_yaml(path: str) -> dict:
         raise DataError(f"--config {path}: not valid YAML ({e})") from None
     if not isinstance(values, dict):
         raise DataError(f"--config {path}: expected a mapping of Config fields")
-    known = {f.name for f in fields(Config)}
+    known = {f.name for f in fields(config)}
+    if config is RunConfig:  # the algorithms' knobs (and any other field) grade nothing
+        values = {k: v for k, v in values.items() if k in known}
     unknown = sorted(set(values) - known)
     if unknown:
         raise DataError(f"--config {path}: unknown field(s) {', '.join(unknown)}; "
@@ -252,36 +274,49 @@ CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  
 TAKEN_DOMAINS = ("mean", "std", "zero_std_groups", "grader_failures")
 
 
-def validate(cfg: Config, world: int) -> None:
+def validate(cfg: RunConfig, world: int) -> None:
     """Every mistake we can see before loading a model, with the field to change: one check and one
-    message per field, then the rules between fields. The first one broken is raised."""
-    algo = algos.get(cfg.algo)
+    message per field, then the rules between fields. The first one broken is raised. A RunConfig
+    (parse_config(knobs=False): grading given responses) gets the checks of grading only."""
     checks = field_checks(cfg)
-    checks += knob_checks(cfg, algo)
-    checks += batch_checks(cfg, world, algo)
-    checks += [
+    if type(cfg) is not RunConfig:
+        import algos
+
+        algo = algos.get(cfg.algo)
+        checks += knob_checks(cfg, algo) + batch_checks(cfg, world, algo) + run_checks(cfg)
+    for ok, message in checks + grading_checks(cfg):
+        if not ok:
+            raise DataError(message)
+
+
+def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
+    """The rules between the fields of a training run (or a sampled eval)."""
+    return [
         (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunking(cfg).head <= chunking(cfg).carryover
          < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunking(cfg).head}) ≤ carryover "
          f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
-        (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
-         f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
-        (not (cfg.chat_template and "<|im_start|>" in prompt_template(cfg.prompt_template or "{problem}")),
-         f"--prompt-template {cfg.prompt_template} is already in the chat format: set chat_template false"),
         (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= response_tokens(cfg),
          f"overlong_cache must be in [0, {response_tokens(cfg)}] (the response budget; 0 = a fifth of it)"),
-        *data_checks(cfg),
         (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
          "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
         (cfg.engine != "hf" or cfg.engine_compile == "auto",
          f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine hf generates with HF generate: "
          f"give --engine fast, or drop --engine-compile"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise DataError(message)
 
 
-def field_checks(cfg: Config) -> list[tuple[bool, str]]:
+def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
+    """The rules between the fields that grading reads: the data, its prompts, pass@k."""
+    return [
+        (all(1 <= k <= cfg.eval_samples for k in cfg.eval_k),
+         f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
+        (not (cfg.chat_template and "<|im_start|>" in prompt_template(cfg.prompt_template or "{problem}")),
+         f"--prompt-template {cfg.prompt_template} is already in the chat format: set chat_template false"),
+        *data_checks(cfg),
+    ]
+
+
+def field_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """Each of the run's own fields within its BOUNDS. --grade-workers 0 -> "grade_workers=0: must
     be ≥ 1 (grading worker processes per rank, ...)"."""
     checks = []
@@ -291,10 +326,12 @@ def field_checks(cfg: Config) -> list[tuple[bool, str]]:
     return checks
 
 
-def knob_checks(cfg: Config, algo) -> list[tuple[bool, str]]:
+def knob_checks(cfg: RunConfig, algo) -> list[tuple[bool, str]]:
     """Each knob of the registry: off its default only if --algo reads it, and within its bounds;
     then the algorithm's own rule (Algorithm.check). --algo rover --beta 0.1 -> "beta=0.1: --algo
     rover does not read beta (its loss has no KL term, ...)"."""
+    import algos
+
     reads = {k.name for k in algo.knobs}
     checks = []
     for name, knob in algos.KNOBS.items():
@@ -309,7 +346,7 @@ def knob_checks(cfg: Config, algo) -> list[tuple[bool, str]]:
     return checks + [(not problem, problem)]
 
 
-def batch_checks(cfg: Config, world: int, algo) -> list[tuple[bool, str]]:
+def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
     """How the rollout batch is cut into mini-batches, groups and micro-batches."""
     whole = f"--algo {cfg.algo} compares every response with the rest of its group"
     return [
@@ -342,10 +379,12 @@ def batch_checks(cfg: Config, world: int, algo) -> list[tuple[bool, str]]:
 
 def without_group_baseline() -> list[str]:
     """The algorithms whose advantage needs no group: they train on a group of one."""
+    import algos
+
     return [name for name, a in algos.ALGORITHMS.items() if not a.group_baseline and not a.whole_groups]
 
 
-def data_checks(cfg: Config) -> list[tuple[bool, str]]:
+def data_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """What --data, --data-weights, --eval-data and --reward may be together, for each source."""
     srcs, mixed = sources(cfg), "," in cfg.data
     names, evals, weights = [domain_name(src) for src in srcs], held_out_files(cfg), weights_problem(cfg, len(srcs))
@@ -382,17 +421,17 @@ def data_checks(cfg: Config) -> list[tuple[bool, str]]:
     ]
 
 
-def sources(cfg: Config) -> list[str]:
+def sources(cfg: RunConfig) -> list[str]:
     """The sources of --data: "running_sum, code.jsonl" -> ["running_sum", "code.jsonl"]."""
     return [src.strip() for src in cfg.data.split(",")]
 
 
-def held_out_files(cfg: Config) -> list[str]:
+def held_out_files(cfg: RunConfig) -> list[str]:
     """--eval-data's entry for each source ("" where it has none): ",test.jsonl" -> ["", "test.jsonl"]."""
     return [e.strip() for e in cfg.eval_data.split(",")] if cfg.eval_data else [""] * len(sources(cfg))
 
 
-def weights_problem(cfg: Config, n: int) -> str:
+def weights_problem(cfg: RunConfig, n: int) -> str:
     """What is wrong with --data-weights for n sources, or ""."""
     if not cfg.data_weights:
         return ""
@@ -412,34 +451,39 @@ def weights_problem(cfg: Config, n: int) -> str:
     return ""
 
 
-def data_weights(cfg: Config) -> list[float]:
+def data_weights(cfg: RunConfig) -> list[float]:
     """Each source's share of the training prompts, summing to 1 ("0.5,1.5" -> [0.25, 0.75]; "" = equal);
     checked by validate (weights_problem)."""
     given = [float(w) for w in cfg.data_weights.split(",")] if cfg.data_weights else [1.0] * len(sources(cfg))
     return [w / sum(given) for w in given]
 
 
-def chunking(cfg: Config, evaluation: bool = False) -> Chunking:
-    """The Markovian-thinking knobs as rollout.py takes them (max_chunks 1: a plain rollout)."""
+def chunking(cfg: RunConfig, evaluation: bool = False):
+    """The Markovian-thinking knobs as rollout.py takes them, a rollout.Chunking (max_chunks 1: a plain
+    rollout)."""
+    from rollout import Chunking
+
     chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
     carryover = cfg.carryover or cfg.max_new_tokens // 2
     return Chunking(carryover=carryover, head=min(100, carryover) if cfg.chunk_head < 0 else cfg.chunk_head,
                     max_chunks=chunks)
 
 
-def response_tokens(cfg: Config) -> int:
+def response_tokens(cfg: RunConfig) -> int:
     """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
     return chunking(cfg).max_tokens(cfg.max_new_tokens)
 
 
-def learning_rate(cfg: Config) -> float:
+def learning_rate(cfg: RunConfig) -> float:
     """AdamW's learning rate: lr, times lora_lr_scale with LoRA. lr 1e-6, LoRA -> 1e-5."""
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
-def eval_settings(cfg: Config) -> dict:
+def eval_settings(cfg: RunConfig) -> dict:
     """evaluate()'s keyword arguments from the eval fields: train.py's periodic eval and a
     stand-alone `eval.py --config` run take them from here, so their numbers agree."""
+    from rollout import Sampling
+
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
                                   cfg.engine, cfg.engine_compile),
@@ -447,9 +491,12 @@ def eval_settings(cfg: Config) -> dict:
                 answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 
-def check_prompts_fit(cfg: Config, tokenizer, hf_config, problems) -> None:
+def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems) -> None:
     """Every prompt, as the rollout encodes it, plus max_new_tokens within the model's context
     (model.check_context); train.py and eval.py both check before loading any weight."""
+    from model import check_context
+    from rollout import encode_prompts
+
     check_context(tokenizer, hf_config, [p.prompt for p in problems],
                   lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template),
                   cfg.max_new_tokens)

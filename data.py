@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config import CODE_KNOBS, Config, RunConfig, data_weights, held_out_files, sources
+from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
 from mixed import mix
 from rewards import DataError, Problem
 from tasks import (TASKS, CODE_TEMPLATES, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
                    with_template)
 
 
-def load(cfg: Config) -> tuple[Task, list[Problem], list[Problem]]:
+def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     """(task, train problems, held-out problems). Each source keeps eval_problems held-out problems;
     in a mixed run (several --data sources) the task is a mixed.MixedTask and every problem carries
     its source's name (Problem.domain)."""

@@ -4,11 +4,12 @@ Every file in algos/ builds on these three records; algos/__init__.py lists the 
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from bounds import out_of_bounds
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,6 @@ class Knob:
         wrong = out_of_bounds(value, choices=self.choices, above=self.above, at_least=self.at_least,
                               at_most=self.at_most)
         return f"{wrong} (or {self.off}: off)" if wrong and self.off is not None else wrong
-
-
-def out_of_bounds(value, *, choices: tuple = (), above=None, at_least=None, at_most=None) -> str:
-    """"" when value is one of `choices` (if any) and within every bound given, else the rule it
-    breaks, whole: 2 with above 0, at_most 1 -> "must be > 0 and ≤ 1"; "z" with choices ("a", "b")
-    -> "choose one of a, b"."""
-    if choices and value not in choices:
-        return f"choose one of {', '.join(map(str, choices))}"
-    bounds = [(">", above, operator.gt), ("≥", at_least, operator.ge), ("≤", at_most, operator.le)]
-    given = [(sign, bound, holds) for sign, bound, holds in bounds if bound is not None]
-    if all(holds(value, bound) for _, bound, holds in given):
-        return ""
-    return "must be " + " and ".join(f"{sign} {bound}" for sign, bound, _ in given)
 
 
 @dataclass(frozen=True)
