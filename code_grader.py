@@ -50,7 +50,7 @@ from decimal import Decimal, InvalidOperation
 
 from rewards import DataError, Problem, Verdict
 from sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
-from tasks import CODE_FIELDS, PROMPT_FIELDS, Task, code_prompt, records, row_field
+from tasks import CODE_FIELDS, PROMPT_FIELDS, Task, code_prompt, records, row_field, row_id
 
 MAX_PROGRAM_CHARS = 100_000  # a longer program is no sane solution: scored 0 ("too_long") unrun
 PYTHON_FENCES = {"python", "py", "python3"}  # the info strings that mark a Python block
@@ -305,7 +305,8 @@ class CodeTask(Task):
             key = f"{path}:{lineno}"
             self.tests[key] = tests
             prompt = row_field(row, PROMPT_FIELDS, path, lineno)
-            problems.append(Problem(code_prompt(prompt, tests.fn_name, row.get("starter_code"), self.template), key))
+            problems.append(Problem(code_prompt(prompt, tests.fn_name, row.get("starter_code"), self.template), key,
+                                    id=row_id(row)))
         return problems
 
     def splits(self) -> tuple[list[Problem], list[Problem]]:

@@ -19,10 +19,19 @@ Writes to --out: problems.jsonl (per problem: every response with its extracted 
 reward, pass@k, the majority answer), summary.json (metrics and settings), TensorBoard scalars.
 With several --data sources every metric is also given per source, eval/<domain>/pass@1 ....
 
---responses FILE grades responses written elsewhere instead of sampling: one JSON object a line,
-{"index": i, "response": "..."}, i counting the problems of --data from 0 (a JSONL file's first
-line is 0); several lines may share an index, and problems without a line are left out. No model
-is loaded; the same problems.jsonl and summary.json are written (without lengths and greedy).
+--responses FILE grades responses written elsewhere instead of sampling, no model loaded: a JSON object a
+line (or a .json list, or parquet) with one response (a string) under response, completion or output, or
+a list of n under responses, completions or outputs:
+    {"index": 0, "response": "..."}   {"idx": "0", "completion": "..."}   {"id": "p7", "responses": ["...", "..."]}
+Each line names its problem by the first of these that applies, as line 1 does (`join_rule`):
+- `--id-field NAME`: the --data row whose NAME has the same value, compared as text (7 and "7" are one id;
+  a dotted NAME looks inside objects: extra_info.index);
+- `index`: the problem's position in --data from 0 (a JSONL file's first line is 0), an integer or digits;
+- the first of id, idx, unique_id that line 1 and every row of --data have, as with --id-field;
+- `idx`, as a position. An idx on both sides may mean either: where the rows' idx differ from their
+  positions, eval stops and asks for --id-field idx, or for positions under index.
+Several lines may name one problem; problems without a line are left out. The same problems.jsonl (each
+problem with its index, and its id where it has one) and summary.json are written (no lengths, no greedy).
 """
 from __future__ import annotations
 
@@ -36,13 +45,13 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
+from config import check_prompts_fit, validate
+from data import load
 from rewards import DataError, grade_batch
-from rollout import Chunking, Sampling, encode_prompts, generate
-from tasks import detail_means, has_own_splits, per_domain, records
+from tasks import (ID_FIELDS, detail_means, field_value, fields_of, first_field, has_own_splits, per_domain,
+                   records, short)
 
 PRESETS = {  # sampling at eval; "paper": ROVER, PACS and NSR evaluation settings (docs/math.md §6)
     "config": {},
@@ -83,10 +92,12 @@ def sample_record(response: str, verdict) -> dict:
 
 
 def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
-    """One problem's responses and its per-problem metrics (the rows of problems.jsonl)."""
+    """One problem's responses and its per-problem metrics (the rows of problems.jsonl), with the problem's id
+    where it has one."""
     n, c = len(samples), int(sum(s["reward"] for s in samples))
     answer, maj = majority(samples)
-    return {"prompt": problem.prompt, "gold": problem.answer, **({"domain": problem.domain} if problem.domain else {}),
+    return {**({"id": problem.id} if problem.id else {}), "prompt": problem.prompt, "gold": problem.answer,
+            **({"domain": problem.domain} if problem.domain else {}),
             "correct": c, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
             "majority_reward": maj, "greedy": greedy, "samples": samples}
 
@@ -122,34 +133,41 @@ def summarize_domains(records: list[dict], ks: list[int]) -> dict:
     return out
 
 
-@torch.no_grad()
-def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling: Sampling,
-             chat_template: bool, seed: int, chunking: Chunking = Chunking(), greedy: bool = False,
-             batch_size: int = 256, answer_after: str = "", progress: bool = False) -> tuple[dict, list[dict]]:
-    """Sample n responses per problem (batch_size sequences per generate call; with Markovian
-    thinking `chunking.max_chunks` is the cap I), and one greedy response if asked; grade them.
-    Returns (metrics of `summarize`, one record per problem in order), the same on every rank."""
+def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, chat_template: bool, seed: int,
+             chunking=None, greedy: bool = False, batch_size: int = 256, answer_after: str = "",
+             progress: bool = False) -> tuple[dict, list[dict]]:
+    """Sample n responses per problem (rollout.Sampling; batch_size sequences per generate call; with
+    Markovian thinking the rollout.Chunking's max_chunks is the cap I, None: plain), and one greedy
+    response if asked; grade them. Returns (metrics of `summarize`, one record per problem in order),
+    the same on every rank."""
+    # here, not at the top: grading given responses (main) samples nothing and loads no torch
+    import torch
+    import torch.distributed as dist
+
+    from rollout import Chunking, encode_prompts, generate
+
+    chunking = chunking or Chunking()
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_call = max(1, batch_size // n)
     mine = [(b, s) for b, s in enumerate(range(0, len(problems), per_call)) if b % world == rank]
     samples, best = {}, {}  # problem index -> its graded samples / its graded greedy response
-    for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
-        batch = problems[start:start + per_call]
-        torch.manual_seed(seed + b)
-        episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
-                            group_size=n, sampling=sampling, chunking=chunking)
-        records = graded(task, episodes, tokenizer, answer_after)
-        for j in range(len(batch)):
-            samples[start + j] = records[j * n:(j + 1) * n]
-    # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
-    for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
-        if b % world == rank:
-            batch = problems[start:start + batch_size]
-            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template), group_size=1,
-                                sampling=replace(sampling, temperature=0.0),
-                                chunking=chunking)
-            best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
+    with torch.no_grad():
+        for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
+            batch = problems[start:start + per_call]
+            torch.manual_seed(seed + b)
+            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
+                                group_size=n, sampling=sampling, chunking=chunking)
+            records = graded(task, episodes, tokenizer, answer_after)
+            for j in range(len(batch)):
+                samples[start + j] = records[j * n:(j + 1) * n]
+        # Greedy: one response per problem, so batch_size problems per call (not batch_size / n).
+        for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
+            if b % world == rank:
+                batch = problems[start:start + batch_size]
+                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
+                                    group_size=1, sampling=replace(sampling, temperature=0.0), chunking=chunking)
+                best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, (samples, best))
@@ -171,8 +189,10 @@ def parse_args(argv=None):
                "the flags above set the eval_* fields and replace the training flags of the same name.")
     parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file; "
                                        "several, comma-separated, for per-domain tables")
-    parser.add_argument("--responses", metavar="FILE", help='grade these responses instead of sampling: JSONL of '
-                        '{"index": problem number from 0, "response": "..."}; no model is loaded')
+    parser.add_argument("--responses", metavar="FILE", help='grade these responses instead of sampling, e.g. JSONL '
+                        'of {"index": problem number from 0, "response": "..."} (shapes above); no model is loaded')
+    parser.add_argument("--id-field", default="", metavar="NAME",
+                        help="join --responses lines to the --data rows whose NAME has the same value")
     parser.add_argument("-n", "--samples", type=int, dest="eval_samples", metavar="N", help="samples per problem")
     parser.add_argument("--k", type=_parser_for(list), dest="eval_k", metavar="K,K", help="pass@k values, e.g. 1,2,4,8")
     parser.add_argument("--problems", type=int, dest="eval_problems", metavar="P",
@@ -189,7 +209,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="", help="output folder (default runs/eval-<timestamp>)")
     parser.add_argument("--step", type=int, help="TensorBoard step (default: N of a checkpoints/step-N path, else 0)")
     args, rest = parser.parse_known_args(argv)
-    cfg = parse_config(rest)
+    cfg = parse_config(rest, knobs=not args.responses)  # grading reads no algorithm's knob
     overrides = {} if cfg.config else {"eval_problems": 0}
     overrides.update(PRESETS[args.preset])
     overrides.update({k: v for k, v in vars(args).items() if k.startswith("eval_") and v is not None})
@@ -197,6 +217,8 @@ def parse_args(argv=None):
         overrides["data"] = args.data
         overrides["eval_data"] = ",".join("" if has_own_splits(src.strip()) else src.strip()
                                           for src in args.data.split(","))
+    if args.id_field and not args.responses:
+        raise DataError(f"--id-field {args.id_field} joins --responses lines to problems: give --responses FILE")
     if args.responses:
         if args.eval_samples is not None:
             raise DataError("-n samples responses; --responses brings its own: drop -n")
@@ -210,46 +232,67 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    from transformers.utils import logging as hf_logging
-
-    from checkpoint import CheckpointError
-    from config import check_prompts_fit, eval_settings, validate
-    from data import load
-    from model import check_model_folder, load_model
-    from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
-
     first = os.environ.get("RANK", "0") == "0"  # every rank finds the same mistake; one says it
     try:
         args, cfg = parse_args(argv)
-        validate(cfg, world=1)
-        task, _, problems = load(cfg)
-        if not problems:
-            raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
-        if first:
-            for note in task.warnings:  # a weak sandbox, said once
-                print(f"warning: {note}", file=sys.stderr, flush=True)
-        if args.responses:
-            responses = read_responses(args.responses, problems, cfg.data)
-            ks = response_ks(cfg.eval_k, explicit=args.eval_k is not None, responses=responses)
-        else:
-            tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-            check_prompts_fit(cfg, tokenizer, hf_config, problems)
-        out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
-        if first:
-            writable(out)  # now, not after all the sampling
+    except (ValueError, RuntimeError) as e:  # a DataError; with --resume, checkpoint's CheckpointError
+        sys.exit(f"error: {e}" if first else 1)
+    (grade_given if args.responses else sample_and_grade)(args, cfg, first)
+
+
+def held_out(args, cfg, first: bool):
+    """(the task, its held-out problems, the output folder, created), checked before any model or grader
+    starts its work; raises ValueError naming what to change."""
+    validate(cfg, world=1)
+    task, _, problems = load(cfg)
+    if not problems:
+        raise ValueError(f"no held-out problems: --data {cfg.data} has none; give --data FILE")
+    if first:
+        for note in task.warnings:  # a weak sandbox, said once
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+    out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
+    if first:
+        writable(out)  # now, not after all the sampling
+    return task, problems, out
+
+
+def grade_given(args, cfg, first: bool) -> None:
+    """eval.py --responses: grade the file's responses to the held-out problems; no model, no torch."""
+    task = None
+    try:
+        task, problems, out = held_out(args, cfg, first)
+        problems, responses = read_responses(args.responses, problems, cfg.eval_data or cfg.data, args.id_field)
+        ks = response_ks(cfg.eval_k, explicit=args.eval_k is not None, responses=responses)
+    except (ValueError, FileNotFoundError) as e:
+        if task is not None:
+            task.close()  # its grading workers
+        sys.exit(f"error: {e}")
+    metrics, records = grade_responses(task, problems, responses, ks, batch_size=cfg.eval_batch_size,
+                                       answer_after=cfg.answer_after)
+    task.close()
+    n = sorted({len(r["samples"]) for r in records})
+    write_results(out, args.step or 0, {"data": cfg.eval_data or cfg.data, "responses": args.responses,
+                                        "problems": len(records), "n": n[0] if len(n) == 1 else n, "k": ks},
+                  metrics, records,
+                  f"{args.responses} on {cfg.eval_data or cfg.data}: {sum(map(len, responses.values()))} "
+                  f"responses to {len(records)} problems")
+
+
+def sample_and_grade(args, cfg, first: bool) -> None:
+    """eval.py: sample the model's responses to the held-out problems (every rank its share), grade them."""
+    from transformers.utils import logging as hf_logging
+
+    from checkpoint import CheckpointError
+    from config import eval_settings
+    from model import check_model_folder, load_model
+    from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
+
+    try:
+        task, problems, out = held_out(args, cfg, first)
+        tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
+        check_prompts_fit(cfg, tokenizer, hf_config, problems)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
-    if args.responses:
-        metrics, records = grade_responses(task, problems, responses, ks, batch_size=cfg.eval_batch_size,
-                                           answer_after=cfg.answer_after)
-        task.close()
-        n = sorted({len(r["samples"]) for r in records})
-        write_results(out, args.step or 0, {"data": cfg.eval_data or cfg.data, "responses": args.responses,
-                                            "problems": len(records), "n": n[0] if len(n) == 1 else n, "k": ks},
-                      metrics, records,
-                      f"{args.responses} on {cfg.eval_data or cfg.data}: {sum(map(len, responses.values()))} "
-                      f"responses to {len(records)} problems")
-        return
     rank, world, device = setup_distributed(cfg)
     out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the folder
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
@@ -275,21 +318,103 @@ def main(argv=None) -> None:
     teardown()
 
 
-def read_responses(path: str, problems: list, data: str) -> dict[int, list[str]]:
-    """--responses FILE -> {problem index: its responses, in file order}; every mistake names the line."""
+# where a line keeps its responses: one (a string), or a list of n (the samples of one problem)
+RESPONSE_FIELDS = {"response": str, "responses": list, "completion": str, "completions": list, "output": str,
+                   "outputs": list}
 
+
+def read_responses(path: str, problems: list, data: str, id_field: str = "") -> tuple[list, dict[int, list[str]]]:
+    """--responses FILE -> (the problems, {problem index: its responses, in file order}); where the lines are
+    joined by an id field (join_rule), each problem's id is its row's value of it. With 3 problems,
+    {"index": 2, "response": "a"} and {"index": "2", "responses": ["b", "c"]} -> {2: ["a", "b", "c"]}.
+    Every mistake names the line, the field expected and the fields the line has."""
     if not Path(path).is_file():
         raise DataError(f"--responses {path}: no such file")
+    lines = records(path)
+    field, ids = join_rule(path, lines[0][1], problems, data, id_field)
+    if ids is not None:
+        problems = [replace(p, id=i) for p, i in zip(problems, ids)]
+    index_of = {i: index for index, i in enumerate(ids or ())}
     by_index: dict[int, list[str]] = {}
-    for lineno, row in records(path):
-        index, response = row.get("index"), row.get("response")
-        if type(index) is not int or not 0 <= index < len(problems):  # type(): a bool is no index
-            raise DataError(f"{path}:{lineno}: 'index' must be an integer from 0 to {len(problems) - 1} (a problem's "
-                            f"position in --data {data}, from 0), got {index!r}")
-        if not isinstance(response, str):
-            raise DataError(f"{path}:{lineno}: 'response' must be a string, got {type(response).__name__}")
-        by_index.setdefault(index, []).append(response)
-    return by_index
+    for lineno, row in lines:
+        value = field_value(row, field)
+        if value is None:
+            raise DataError(f"{path}:{lineno}: missing field '{field}', which joins each line to its problem "
+                            f"(chosen by {'--id-field' if id_field else 'line 1'}); {fields_of(row)}")
+        index = position(value) if ids is None else index_of.get(str(value))
+        if index is None or index >= len(problems):
+            wanted = (f"an integer from 0 to {len(problems) - 1} (a problem's position in --data {data}, from 0)"
+                      if ids is None else f"the {field} of one of the {len(problems)} problems of --data {data}")
+            raise DataError(f"{path}:{lineno}: '{field}' must be {wanted}, got {short(value)}; {fields_of(row)}")
+        by_index.setdefault(index, []).extend(line_responses(row, path, lineno))
+    return problems, by_index
+
+
+def join_rule(path: str, first: dict, problems: list, data: str, id_field: str) -> tuple[str, list[str] | None]:
+    """The field that joins each line of a responses file to its problem, from --id-field or line 1 (`first`),
+    and the problems' values of it, as text (None: the field is a position). In order: --id-field NAME ->
+    (NAME, each problem's row's NAME); line 1 has index -> ("index", None); line 1 and every problem's row
+    have one of ID_FIELDS -> (the first such, the rows' values); line 1 has idx -> ("idx", None). An idx
+    shared with the rows may be either: where the rows' idx differ from their positions, it is refused."""
+    if first.get("index") is not None and not id_field:
+        return "index", None
+    rows = [] if has_own_splits(data) else records(data)[:len(problems)]
+    on_rows = [name for name in ID_FIELDS if rows and all(row.get(name) is not None for _, row in rows)]
+    name = id_field or next((name for name in on_rows if first.get(name) is not None), None)
+    if name is None and first.get("idx") is not None:
+        return "idx", None
+    if name is None:
+        raise DataError(f"{path}:1: missing field: expected index or idx (the problem's position in --data {data}, "
+                        f"from 0), an id field that every row of --data has ({', '.join(ID_FIELDS)}; its rows have "
+                        f"{', '.join(on_rows) or 'none of them'}), or --id-field NAME; {fields_of(first)}")
+    ids = problem_ids(data, rows, name)
+    moved = next((k for k, i in enumerate(ids) if i != str(k)), None) if name == "idx" and not id_field else None
+    if moved is not None:
+        raise DataError(f"{path}:1: 'idx' may be a problem's position in --data {data} or its row's idx, and these "
+                        f"differ ({data}:{rows[moved][0]}, position {moved}, has idx {ids[moved]}): give --id-field "
+                        f"idx to join on the rows' idx, or name positions 'index'; {fields_of(first)}")
+    return name, ids
+
+
+def problem_ids(data: str, rows: list[tuple[int, dict]], name: str) -> list[str]:
+    """Each problem's row's `name` as text, the problems' ids to join responses on: every row has one,
+    and no two rows the same. Rows {"id": 7}, {"id": "a"} -> ["7", "a"]."""
+    if not rows:
+        raise DataError(f"--id-field {name}: --data {data} has no rows to join on (a task with its own "
+                        f"problems); give each line its problem's position, index")
+    first_seen: dict[str, int] = {}
+    for lineno, row in rows:
+        value = field_value(row, name)
+        if value is None:
+            raise DataError(f"{data}:{lineno}: missing field '{name}', which joins --responses lines to the rows; "
+                            f"{fields_of(row)}")
+        if first_seen.setdefault(str(value), lineno) != lineno:
+            raise DataError(f"{data}:{lineno}: field '{name}' is {short(value)}, as on line {first_seen[str(value)]}: "
+                            f"responses cannot be joined on {name}; give positions (index) or --id-field NAME")
+    return list(first_seen)
+
+
+def position(value) -> int | None:
+    """A problem's position as a line writes it: 3 or "3" -> 3; None for anything else (-1, "x", 3.0, true)."""
+    if isinstance(value, str) and value.strip().isdecimal():
+        return int(value)
+    return value if type(value) is int and value >= 0 else None  # type(): a bool is no position
+
+
+def line_responses(row: dict, path: str, lineno: int) -> list[str]:
+    """The responses of one line, in the first of RESPONSE_FIELDS it has: {"completion": "a"} -> ["a"];
+    {"responses": ["a", "b"]} -> ["a", "b"]."""
+    name = first_field(row, tuple(RESPONSE_FIELDS), path, lineno)
+    value = row[name]
+    if RESPONSE_FIELDS[name] is str:
+        if not isinstance(value, str):
+            raise DataError(f"{path}:{lineno}: '{name}' must be a string, got {type(value).__name__}; "
+                            f"{fields_of(row)}")
+        return [value]
+    if not isinstance(value, list) or not value or not all(isinstance(text, str) for text in value):
+        raise DataError(f"{path}:{lineno}: '{name}' must be a non-empty list of strings (a problem's responses), "
+                        f"got {short(value)}; {fields_of(row)}")
+    return value
 
 
 def response_ks(ks: list[int], *, explicit: bool, responses: dict[int, list[str]]) -> list[int]:
@@ -335,15 +460,21 @@ def writable(out: Path) -> None:
 def write_results(out: Path, step: int, described: dict, metrics: dict, records: list[dict], heading: str) -> None:
     """problems.jsonl, summary.json (metrics and the `described` settings) and TensorBoard scalars
     at `step`; then the pass@k table, one per source when there are several, on stdout."""
-    from torch.utils.tensorboard import SummaryWriter
+    # tensorboard's own writer, not torch's: grading --responses loads no torch
+    import time
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     with (out / "problems.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     (out / "summary.json").write_text(json.dumps({"metrics": metrics, "settings": described}, indent=1) + "\n")
-    with SummaryWriter(str(out)) as tb:
-        for key, value in metrics.items():
-            tb.add_scalar(key, value, step)
+    tb = EventFileWriter(str(out))
+    scalars = [Summary.Value(tag=key, simple_value=value) for key, value in metrics.items()]
+    tb.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=scalars)))
+    tb.close()
     ks, domains = described["k"], Counter(r["domain"] for r in records if "domain" in r)
     print(heading)
     print("| k | " + " | ".join(str(k) for k in ks) + " |")

@@ -12,11 +12,12 @@ is the `Task` base class below; `TASKS` names the built-in ones:
 
 Any other `--data` is a data file (`FileTask`: JSONL, JSON list, or parquet when pyarrow is
 installed) in the usual schemas: GSM8K question/answer ("#### x"), MATH500 problem/answer/solution,
-AIME/AMC problem or question with answer, graded by HF math-verify or by your own function with
-`--reward path/to/file.py:function`, both in worker processes under a time limit (grader_pool.py);
-a file of code problems, told apart by its first row (`is_code_file`: `tests` or APPS's
-`input_output` instead of an answer), graded in the sandbox (code_grader.CodeTask); or
-`path/to/file.py:Class`, a task of your own (examples/task_small_sums.py). data.py turns `--data`
+AIME/AMC problem or question with answer, OlympiadBench's final_answer lists, verl's chat prompt
+with reward_model.ground_truth (`load_file` lists the fields read), graded by HF math-verify or by
+your own function with `--reward path/to/file.py:function`, both in worker processes under a time
+limit (grader_pool.py); a file of code problems, told apart by its first row (`is_code_file`:
+`tests` or APPS's `input_output` instead of an answer), graded in the sandbox (code_grader.CodeTask);
+or `path/to/file.py:Class`, a task of your own (examples/task_small_sums.py). data.py turns `--data`
 into tasks; several sources at once are mixed.py's. The official prompt templates of the papers
 (`--prompt-template`, `--code-template`) are here too: they wrap a task's problems before training.
 """
@@ -38,7 +39,15 @@ from rewards import (DataError, Problem, Verdict, gold_answer, grade_countdown, 
                      plugin_spec)
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
-ANSWER_FIELDS = ("answer", "ground_truth", "solution")
+# Where a row keeps its gold answer, read in this order: the three names an error asks for, each with the spellings
+# of common datasets (OlympiadBench and DeepMath: final_answer; NVIDIA's OpenMathReasoning: expected_answer; verl
+# rows: reward_model.ground_truth). Not read: target and label, which hold other things in common datasets
+# (Countdown's number to reach, a class index, a whole reference response).
+ANSWER_FIELDS = {"answer": ("answer", "final_answer", "expected_answer"),
+                 "ground_truth": ("ground_truth", "gt", "reward_model.ground_truth"),
+                 "solution": ("solution",)}  # a worked solution: its last \boxed{} (MATH)
+PARTS_FIELDS = ("final_answer",)  # where a list is the parts of one answer (a list under ground_truth may be aliases)
+ID_FIELDS = ("id", "idx", "unique_id")  # a row's own id, kept in Problem.id
 TRAIN_SIZE, HELDOUT_SIZE = 20000, 500  # sampled splits; held-out prompts never appear in train
 
 
@@ -298,11 +307,19 @@ class FileTask(Task):
 
 
 def load_file(path: str) -> list[Problem]:
-    """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet
-    (needs pyarrow), by their usual field names: prompt/problem/question, then
-    answer/ground_truth/solution. Every error names the file, the line (row) and the field."""
-    return [Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno),
-                    answer=gold_answer(row_field(row, ANSWER_FIELDS, path, lineno))) for lineno, row in records(path)]
+    """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet (needs
+    pyarrow). A row's prompt is the first of PROMPT_FIELDS it has; its gold answer the first of the
+    ANSWER_FIELDS spellings, through rewards.gold_answer; its id (Problem.id) the first of ID_FIELDS,
+    as str() writes it. A list under final_answer is the parts of one answer: one part is the answer,
+    several reach the grader as one gold string with a \\boxed{} each, every part required:
+
+        {"question": "2+2?", "final_answer": ["4"], "idx": 7} -> Problem("2+2?", gold_answer("4"), id="7")
+        {"problem": "x, y?", "final_answer": ["3", "5"]} -> Problem("x, y?", gold_answer("\\boxed{3} \\boxed{5}"))
+        {"prompt": [{"role": "user", "content": "x?"}], "reward_model": {"ground_truth": "3"}} -> Problem("x?", "3")
+
+    Every error names the file, the line (row), the field and the fields the line has."""
+    return [Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno), answer=row_gold(row, path, lineno),
+                    id=row_id(row)) for lineno, row in records(path)]
 
 
 def records(path: str) -> list[tuple[int, dict]]:
@@ -361,17 +378,82 @@ def _rows(p: Path) -> list[tuple[int, object]]:
 
 
 def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
-    for name in names:
-        if row.get(name) is not None:  # parquet rows carry every column, None where a row has none
-            value = row[name]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:  # not NaN
-                value = str(value)
-            if not isinstance(value, str) or not value.strip():
-                raise DataError(f"{path}:{lineno}: field '{name}' must be a non-empty string")
-            return value
-    raise DataError(f"{path}:{lineno}: missing field: expected one of {', '.join(names)}; "
-                    f"the line has {', '.join(sorted(row)) or 'no fields'}")
+    """The text of the first of `names` the row has: a non-empty string, a number as str() writes it
+    (AIME's 111 -> "111"), or in a chat (verl's prompt) the last user message's content:
+    [{"role": "system", ...}, {"role": "user", "content": "2+2?"}] -> "2+2?" (the run's templates, not
+    the file's other turns, make the prompt)."""
+    name = first_field(row, names, path, lineno)
+    value = field_value(row, name)
+    chat = isinstance(value, list) and value and all(isinstance(turn, dict) for turn in value)
+    text = field_text(next((turn.get("content") for turn in reversed(value) if turn.get("role") == "user"), None)
+                      if chat else value)
+    if text is None:
+        wanted = "a chat with a user message (role, content)" if chat else "a non-empty string"
+        raise DataError(f"{path}:{lineno}: field '{name}' must be {wanted}, got {short(value)}; {fields_of(row)}")
+    return text
 
+
+def row_gold(row: dict, path: str, lineno: int) -> str:
+    """A row's gold answer (see load_file): {"gt": "#### 7"} -> "7"; {"final_answer": ["3", "5"]} ->
+    gold_answer("\\boxed{3} \\boxed{5}")."""
+    name = first_field(row, sum(ANSWER_FIELDS.values(), ()), path, lineno, expected=tuple(ANSWER_FIELDS))
+    if name not in PARTS_FIELDS:
+        return gold_answer(row_field(row, (name,), path, lineno))
+    value = field_value(row, name)
+    parts = [field_text(part) for part in (value if isinstance(value, list) else [value])]
+    if not parts or None in parts:
+        raise DataError(f"{path}:{lineno}: field '{name}' must be a non-empty string or a list of them (the "
+                        f"parts of the answer), got {short(value)}; {fields_of(row)}")
+    return gold_answer(parts[0] if len(parts) == 1 else " ".join(f"\\boxed{{{part}}}" for part in parts))
+
+
+def row_id(row: dict) -> str:
+    """A row's own id, the first of ID_FIELDS it has, as str() writes it: {"idx": 7} -> "7"; "" without one."""
+    name = present(row, ID_FIELDS)
+    return str(row[name]) if name else ""
+
+
+def first_field(row: dict, names: tuple[str, ...], path: str, lineno: int, expected: tuple[str, ...] = ()) -> str:
+    """The first of `names` the row has; else an error that asks for `expected` (default: the names)."""
+    name = present(row, names)
+    if name is None:
+        raise DataError(f"{path}:{lineno}: missing field: expected one of {', '.join(expected or names)}; "
+                        f"{fields_of(row)}")
+    return name
+
+
+def present(row: dict, names: tuple[str, ...]) -> str | None:
+    """The first of `names` the row has, or None. A null is no field: parquet gives every row every
+    column, None where the row has none."""
+    return next((name for name in names if field_value(row, name) is not None), None)
+
+
+def field_value(row: dict, name: str):
+    """row[name], None where the row has none; a dotted name looks inside objects:
+    field_value({"reward_model": {"ground_truth": "3"}}, "reward_model.ground_truth") -> "3"."""
+    value = row
+    for key in name.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def field_text(value) -> str | None:
+    """A field's value as text: a non-empty string as it is, a number as str() writes it (330.0 ->
+    "330.0"); None for anything else ("", "  ", true, NaN, a list)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:  # not NaN
+        value = str(value)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def fields_of(row: dict) -> str:
+    """What an error says a line has: {"b": 1, "a": 2} -> "the line has a, b"."""
+    return f"the line has {', '.join(sorted(row)) or 'no fields'}"
+
+
+def short(value) -> str:
+    """A value as an error quotes it, cut to 60 characters: [1] -> "[1]"."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ----------------------------------------------------------------------------- code problems

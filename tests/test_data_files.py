@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rewards import DataError, Problem
+from rewards import DataError, Problem, gold_answer
 from data import make_task
 from tasks import load_file
 
@@ -334,3 +334,101 @@ def test_make_task_on_a_json_copy(tmp_path):
     finally:
         task.grader.close()
 
+
+
+# ----------------------------------------------------------------------------- other schemas: gold and id fields
+# olympiad.jsonl (OlympiadBench: solution and final_answer are lists, the latter one element or several when
+# is_multiple_answer), verl.jsonl (verl's rows: a chat prompt, reward_model.ground_truth, extra_info), gt.jsonl
+# (Qwen2.5-Math's eval records: idx/question/gt_cot/gt) and ground_truth.jsonl (unique_id/problem/ground_truth).
+
+def test_final_answer_lists_reach_the_grader_as_the_contract_says():
+    """One part: the part is the gold; several: one gold string with a \\boxed{} each (every part required)."""
+    problems = load_file(str(FIXTURES / "olympiad.jsonl"))
+    rows = [json.loads(line) for line in (FIXTURES / "olympiad.jsonl").read_text().splitlines()]
+    assert all(isinstance(r["solution"], list) for r in rows)  # worked solutions, never read as the gold
+    assert [p.prompt for p in problems] == [r["question"] for r in rows]
+    assert [p.answer for p in problems] == [gold_answer("15"), gold_answer("$x+1$"),
+                                            gold_answer("\\boxed{2} \\boxed{3}")]
+    assert [p.id for p in problems] == ["2231", "2232", "2233"]
+
+
+def test_what_a_final_answer_list_hands_to_gold_answer(monkeypatch):
+    import tasks
+    monkeypatch.setattr(tasks, "gold_answer", lambda raw: f"<{raw}>")
+    assert [p.answer for p in load_file(str(FIXTURES / "olympiad.jsonl"))] == [
+        "<15>", "<$x+1$>", "<\\boxed{2} \\boxed{3}>"]
+
+
+def test_gt_ground_truth_and_verl_rows_load():
+    assert load_file(str(FIXTURES / "gt.jsonl")) == [
+        Problem("Natalia sold 48 clips in April and half as many in May. How many clips did she sell in all?", "72",
+                id="0"),
+        Problem("What is $\\sqrt{50}$ in simplest radical form?", "5\\sqrt{2}", id="1"),
+        Problem("A train travels 180 km in 2 hours. What is its average speed in km/h?", "90", id="2")]
+    assert [(p.answer, p.id) for p in load_file(str(FIXTURES / "ground_truth.jsonl"))] == [
+        ("6", "fixture/algebra/1"), ("13", "fixture/geometry/2"), ("1", "fixture/precalculus/3")]
+    verl = load_file(str(FIXTURES / "verl.jsonl"))
+    rows = [json.loads(line) for line in (FIXTURES / "verl.jsonl").read_text().splitlines()]
+    assert [p.answer for p in verl] == ["17", "36", "24"]
+    assert [p.prompt for p in verl] == [r["prompt"][-1]["content"] for r in rows]  # the system turn is dropped
+    assert verl[2].prompt.startswith("Solve the following") and all(p.id == "" for p in verl)
+
+
+@pytest.mark.parametrize("name", ["olympiad", "verl"])
+def test_lists_and_nested_objects_load_the_same_from_parquet(name, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = raw_rows(name)
+    if name == "verl":  # one parquet column has one type: extra_info's index is text in every row
+        rows = [{**r, "extra_info": {"index": str(r["extra_info"]["index"]), "split": r["extra_info"]["split"]}}
+                for r in rows]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    assert load_file(str(tmp_path / f"{name}.parquet")) == load_file(str(fixture(name)))
+
+
+def test_ids_are_kept_first_of_id_idx_unique_id():
+    assert [p.id for p in load_file(str(fixture("aime")))] == ["90", "91", "92", "93", "94"]
+    assert load_file(str(fixture("math500")))[0].id == "test/counting_and_probability/9001.json"
+    assert [p.id for p in load_file(str(fixture("amc")))] == ["0", "1", "2", "", "4"]  # its 4th row has none
+    assert [p.id for p in load_file(str(fixture("gsm8k")))] == [""] * 5
+
+
+def test_gold_spellings_in_order(tmp_path):
+    rows = [{"q": 1, "problem": "a", "final_answer": ["1"], "ground_truth": "2", "solution": "\\boxed{3}"},
+            {"problem": "b", "gt": "2", "solution": "\\boxed{3}", "unique_id": "u", "idx": 5},
+            {"problem": "c", "expected_answer": "4", "gt": "2", "id": 0},
+            {"problem": "d", "final_answer": "5"},
+            {"problem": "e", "final_answer": [6, 7.5]},
+            {"problem": "f", "reward_model": {"ground_truth": None}, "solution": "\\boxed{8}"}]
+    path = _write(tmp_path, "spellings.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert load_file(path) == [Problem("a", "1"), Problem("b", "2", id="5"), Problem("c", "4", id="0"),
+                               Problem("d", "5"), Problem("e", gold_answer("\\boxed{6} \\boxed{7.5}")),
+                               Problem("f", "8")]
+
+
+@pytest.mark.parametrize("row", [{"question": "a", "target": "3"}, {"question": "a", "label": 1},
+                                 {"question": "a", "Answer": "3"},
+                                 {"question": "a", "reward_model": {"style": "rule"}}])
+def test_fields_that_mean_something_else_are_not_gold(tmp_path, row):
+    path = _write(tmp_path, "other.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=r"other\.jsonl:1: missing field: expected one of answer, ground_truth, "
+                                        rf"solution; the line has {', '.join(sorted(row))}$"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("value", ["[]", '["3", ""]', '[["3"]]', "[null]", '{"a": 1}'])
+def test_bad_final_answer_is_named(tmp_path, value):
+    path = _write(tmp_path, "parts.jsonl", '{"problem": "a", "final_answer": ' + value + "}\n")
+    with pytest.raises(DataError, match=r"parts\.jsonl:1: field 'final_answer' must be a non-empty string or a list "
+                                        r"of them \(the parts of the answer\), got .*; the line has final_answer, "
+                                        r"problem$"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("prompt", [[{"role": "system", "content": "Be brief."}],
+                                    [{"role": "user", "content": ""}], [{"role": "user"}]])
+def test_chat_prompt_without_a_user_message_is_named(tmp_path, prompt):
+    path = _write(tmp_path, "chat.jsonl", json.dumps({"prompt": prompt, "reward_model": {"ground_truth": "1"}}) + "\n")
+    with pytest.raises(DataError, match=r"chat\.jsonl:1: field 'prompt' must be a chat with a user message "
+                                        r"\(role, content\), got .*; the line has prompt, reward_model$"):
+        load_file(path)

@@ -1,6 +1,8 @@
 """eval.py: docs/math.md §6 metrics on hand-made cases, and the stand-alone CLI end to end."""
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,118 @@ def test_torchrun_eval_of_a_benchmark_file_matches_one_process(two_rank_runs, tm
     assert two["metrics"] == one["metrics"] and one["metrics"]["eval/grader_failures"] == 0
     assert (two_dir / "problems.jsonl").read_text() == (tmp_path / "one" / "problems.jsonl").read_text()
     assert [r["gold"] for r in records][:2] == ["\\frac{7}{12}", "3\\sqrt{2}"]
+
+
+# ----------------------------------------------------------------------------- --responses: shapes and joins
+# sums_ids.jsonl: three "Add" problems with id sum-a, sum-b, sum-c and idx 10, 11, 12 (not their positions),
+# graded by the example reward (1 for the gold number in an <answer> tag) in one worker, not math-verify's.
+
+SUMS_IDS = str(ROOT / "tests" / "fixtures" / "sums_ids.jsonl")
+SUMS = str(ROOT / "examples" / "sums.jsonl")  # no id fields; its first golds are 115, 225, 83
+REWARD = ["--reward", str(ROOT / "examples" / "reward_number.py") + ":closeness_batch"]
+
+
+def grade_lines(tmp_path, data: str, lines: list[dict], *flags: str) -> tuple[dict, list[dict]]:
+    """eval.py --responses on these lines: (summary, problems.jsonl rows)."""
+    path = tmp_path / "responses.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run_eval(["--data", data, "--responses", str(path), *flags, "--out", str(tmp_path / "ev")])
+
+
+def rewards_by_problem(records: list[dict]) -> dict:
+    return {(r["index"], r.get("id")): [s["reward"] for s in r["samples"]] for r in records}
+
+
+def test_responses_one_a_line_by_index_digits_and_other_field_names(tmp_path):
+    summary, records = grade_lines(tmp_path, SUMS_IDS, [
+        {"index": 0, "response": "<answer>5</answer>"}, {"index": "1", "completion": "<answer>7</answer>"},
+        {"index": 1, "output": "<answer>8</answer>"}], *REWARD, "--k", "1")
+    assert rewards_by_problem(records) == {(0, "sum-a"): [1.0], (1, "sum-b"): [0.0, 1.0]}
+    assert summary["metrics"]["eval/accuracy"] == pytest.approx((1 + 0.5) / 2)
+
+
+def test_responses_lists_joined_by_idx_as_a_position(tmp_path):
+    """idx is a position where the data rows have none; a list per line is n samples."""
+    summary, records = grade_lines(tmp_path, SUMS, [
+        {"idx": 0, "responses": ["<answer>115</answer>", "<answer>1</answer>", "<answer>115</answer>"]},
+        {"idx": "2", "completions": ["<answer>83</answer>", "<answer>83</answer>", "<answer>0</answer>"]}],
+        *REWARD, "--k", "1,3")
+    assert rewards_by_problem(records) == {(0, None): [1.0, 0.0, 1.0], (2, None): [1.0, 1.0, 0.0]}
+    assert summary["settings"]["n"] == 3 and summary["metrics"]["eval/pass@3"] == 1.0
+    assert [r["majority_answer"] for r in records] == [None, None]  # closeness gives no answer to vote on
+
+
+def test_responses_joined_by_a_shared_id_and_by_id_field(tmp_path):
+    _, records = grade_lines(tmp_path, SUMS_IDS, [
+        {"id": "sum-c", "idx": 0, "response": "<answer>10</answer>"},  # idx here is ignored: id joins
+        {"id": "sum-a", "responses": ["<answer>5</answer>", "<answer>6</answer>"]}], *REWARD)
+    assert rewards_by_problem(records) == {(0, "sum-a"): [1.0, 0.0], (2, "sum-c"): [1.0]}
+    _, records = grade_lines(tmp_path, SUMS_IDS, [
+        {"idx": 12, "index": 0, "response": "<answer>10</answer>"}, {"idx": "11", "response": "<answer>8</answer>"}],
+        *REWARD, "--id-field", "idx")
+    assert rewards_by_problem(records) == {(1, "11"): [1.0], (2, "12"): [1.0]}  # the id joined on is the id kept
+    _, records = grade_lines(tmp_path, str(ROOT / "tests" / "fixtures" / "gt.jsonl"), [
+        {"idx": 2, "response": "<answer>90</answer>"}, {"idx": 0, "response": "<answer>72</answer>"}], *REWARD)
+    assert rewards_by_problem(records) == {(0, "0"): [1.0], (2, "2"): [1.0]}  # its rows' idx are their positions
+
+
+@pytest.mark.parametrize("lines,message", [
+    ([{"index": 0, "text": "x"}], r"responses\.jsonl:1: missing field: expected one of response, responses, "
+                                  r"completion, completions, output, outputs; the line has index, text$"),
+    ([{"index": 0, "response": "x"}, {"index": "x", "response": "y"}],
+     r"responses\.jsonl:2: 'index' must be an integer from 0 to 499 \(a problem's position in --data running_sum, "
+     r"from 0\), got 'x'; the line has index, response$"),
+    ([{"index": 0, "responses": ["a", 1]}],
+     r"responses\.jsonl:1: 'responses' must be a non-empty list of strings \(a problem's responses\), got "
+     r"\['a', 1\]; the line has index, responses$"),
+    ([{"index": 0, "completion": ["a"]}], r"responses\.jsonl:1: 'completion' must be a string, got list; the line has "
+                                          r"completion, index$"),
+    ([{"problem": 0, "response": "x"}], r"responses\.jsonl:1: missing field: expected index or idx \(the problem's "
+                                        r"position in --data running_sum, from 0\), an id field that every row of "
+                                        r"--data has \(id, idx, unique_id; its rows have none of them\), or --id-field "
+                                        r"NAME; the line has problem, response$"),
+])
+def test_responses_refusals_name_line_field_and_fields(tmp_path, lines, message):
+    with pytest.raises(SystemExit, match=message):
+        grade_lines(tmp_path, "running_sum", lines)
+
+
+@pytest.mark.parametrize("lines,flags,message", [
+    ([{"idx": 0, "response": "x"}], [],
+     r"responses\.jsonl:1: 'idx' may be a problem's position in --data .*sums_ids\.jsonl or its row's idx, and these "
+     r"differ \(.*sums_ids\.jsonl:1, position 0, has idx 10\): give --id-field idx .*; the line has idx, response$"),
+    ([{"id": "sum-a", "response": "x"}, {"index": 0, "response": "y"}], [],
+     r"responses\.jsonl:2: missing field 'id', which joins each line to its problem \(chosen by line 1\); the line "
+     r"has index, response$"),
+    ([{"id": "sum-z", "response": "x"}], [],
+     r"responses\.jsonl:1: 'id' must be the id of one of the 3 problems of --data .*sums_ids\.jsonl, got 'sum-z'; "
+     r"the line has id, response$"),
+    ([{"unique_id": "u", "response": "x"}], ["--id-field", "unique_id"],
+     r"sums_ids\.jsonl:1: missing field 'unique_id', which joins --responses lines to the rows; the line has answer, "
+     r"id, idx, prompt$"),
+])
+def test_responses_join_refusals(tmp_path, lines, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        grade_lines(tmp_path, SUMS_IDS, lines, *REWARD, *flags)
+
+
+def test_id_field_needs_responses_and_rows(tmp_path):
+    with pytest.raises(SystemExit, match="--id-field id joins --responses lines to problems: give --responses FILE"):
+        evaluation.main(["--data", SUMS_IDS, "--id-field", "id"])
+    with pytest.raises(SystemExit, match="--id-field id: --data running_sum has no rows to join on"):
+        grade_lines(tmp_path, "running_sum", [{"id": 0, "response": "x"}], "--id-field", "id")
+
+
+def test_grading_given_responses_imports_no_torch(tmp_path):
+    """eval.py --responses loads no model, so it imports neither torch nor transformers (they are most
+    of a start-up: about 2 s and 1.3 s here); checked in a fresh interpreter, as a user runs it."""
+    responses = tmp_path / "r.jsonl"
+    responses.write_text("".join(json.dumps({"index": i, "response": f"<answer>{i}</answer>"}) + "\n"
+                                 for i in range(3)))
+    script = ("import sys, eval; eval.main(sys.argv[1:]); "
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script, "--data", "running_sum", "--responses", str(responses),
+                           "--problems", "3", "--out", str(tmp_path / "ev")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert len((tmp_path / "ev" / "problems.jsonl").read_text().splitlines()) == 3
