@@ -229,9 +229,9 @@ def main(argv=None) -> None:
     (grade_given if args.responses else sample_and_grade)(args, cfg, first)
 
 
-def held_out(args, cfg, first: bool):
-    """(the task, its held-out problems, the output folder, created), checked before any model or grader
-    starts its work; raises ValueError naming what to change."""
+def held_out(cfg, first: bool):
+    """(the task, its held-out problems), checked before any model loads or any grading starts;
+    raises ValueError naming what to change."""
     validate(cfg, world=1)
     task, _, problems = load(cfg)
     if not problems:
@@ -239,20 +239,27 @@ def held_out(args, cfg, first: bool):
     if first:
         for note in task.warnings:  # a weak sandbox, said once
             print(f"warning: {note}", file=sys.stderr, flush=True)
+    return task, problems
+
+
+def output_folder(args, first: bool) -> Path:
+    """--out (default runs/eval-<timestamp>), created by rank 0 once every check has passed, and
+    before any sampling or grading, so that a folder it cannot write is said at once."""
     out = Path(args.out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}")
     if first:
-        writable(out)  # now, not after all the sampling
-    return task, problems, out
+        writable(out)
+    return out
 
 
 def grade_given(args, cfg, first: bool) -> None:
     """eval.py --responses: grade the file's responses to the held-out problems; no model, no torch."""
     task = None
     try:
-        task, problems, out = held_out(args, cfg, first)
+        task, problems = held_out(cfg, first)
         problems, responses = responses_file.read_responses(args.responses, problems, cfg.eval_data or cfg.data,
                                                             args.id_field)
         ks = responses_file.response_ks(cfg.eval_k, explicit=args.eval_k is not None, responses=responses)
+        out = output_folder(args, first)
     except (ValueError, FileNotFoundError) as e:
         if task is not None:
             task.close()  # its grading workers
@@ -278,9 +285,10 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
-        task, problems, out = held_out(args, cfg, first)
+        task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
         check_prompts_fit(cfg, tokenizer, hf_config, problems)
+        out = output_folder(args, first)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
     rank, world, device = setup_distributed(cfg)

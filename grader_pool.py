@@ -6,8 +6,9 @@ limit: past it the worker is killed, the answer scores 0 with failure "timeout",
 request gets a fresh worker. A `GraderPool` drives several workers from threads, so one slow
 answer holds up one worker, not the batch; an optional budget (seconds) bounds the whole batch,
 and what it leaves ungraded scores failure "budget". The pools: `MathGraderPool` (math-verify, a
-data file's grader) and `RewardFunction` (--reward path/to/file.py:function). Their workers run
-this file: `python grader_pool.py --math-worker` or `--reward-worker file.py function row|batch`.
+data file's grader, whose answer rules and pre-check are math_answers.py's, and whose workers run
+`python math_answers.py --math-worker`) and `RewardFunction` (--reward path/to/file.py:function, whose
+workers run this file: `python grader_pool.py --reward-worker file.py function row|batch`).
 
 Verdict, answer extraction, the built-in graders and grade_batch are in rewards.py.
 """
@@ -18,7 +19,6 @@ import importlib.util
 import json
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -27,7 +27,9 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rewards import AnswerTooLong, DataError, Problem, Verdict, extract_tag, is_reward, last_boxed, plugin_spec
+import math_answers
+from math_answers import math_request, precheck
+from rewards import AnswerTooLong, DataError, Problem, Verdict, is_reward, plugin_spec
 
 
 # ----------------------------------------------------------------------------- grading workers
@@ -175,123 +177,49 @@ class GraderPool:
             grader.close()
 
 
-# ----------------------------------------------------------------------------- math grading
-
-MATH_ANSWER_CHARS = 4096  # the most of a response a math worker sees: sane final answers are far shorter
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
+# ----------------------------------------------------------------------------- math-verify
 
 class MathGrader(GradingWorker):
     """HF math-verify in a child process (a GradingWorker), one answer at a time. The worker is sent
-    the answer region and the last number of the response's tail, found here in bounded time, so
-    no length of response reaches sympy. `command` replaces the worker, for tests."""
+    the answer region, the last boxes and the last number of the response's tail, found here in
+    bounded time, so no length of response reaches sympy; every answer sent is graded by the
+    library (see precheck for the answers that MathGraderPool decides without it). `command`
+    replaces the worker, for tests."""
 
     def __init__(self, timeout: float = 10.0, command: list[str] | None = None):
-        super().__init__(command or [sys.executable, str(Path(__file__).resolve()), "--math-worker"], timeout)
+        super().__init__(command or [sys.executable, str(Path(math_answers.__file__).resolve()), "--math-worker"],
+                         timeout)
 
     def __call__(self, response: str, gold: str, deadline: float | None = None) -> Verdict:
         """The verdict on one response; past the `deadline` it scores failure "budget"."""
         if deadline is not None and time.monotonic() >= deadline:
             return Verdict(0.0, failure="budget")
         try:
-            request = _math_request(response, gold)
+            request = math_request(response, gold)
         except AnswerTooLong:
             return Verdict(0.0)
         return verdict(*self.ask(request, deadline))
 
 
 class MathGraderPool(GraderPool):
-    """`workers` MathGraders: a data file's grader when no --reward is given."""
+    """`workers` MathGraders: a data file's grader when no --reward is given. An answer that
+    precheck decides never reaches a worker (in the trainer's process, in well under a second)."""
 
     def __init__(self, timeout: float = 10.0, workers: int = 4, command: list[str] | None = None):
         super().__init__([MathGrader(timeout, command) for _ in range(workers)])
 
     def __call__(self, response: str, gold: str) -> Verdict:
         """One answer, on the first worker: a single grading does not start the others."""
-        return self.graders[0](response, gold)
+        return precheck(response, gold) or self.graders[0](response, gold)
 
     def grade_one(self, problem: Problem, response: str) -> Verdict:
         return self(response, problem.answer)
 
     def grade_items(self, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
-        return self.grade_all([(response, problem.answer) for problem, response in items], budget)
-
-
-def _math_worker() -> None:
-    """The child side of MathGrader: `_math_request` JSON lines in, Verdict JSON lines out."""
-    import logging
-
-    import math_verify
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
-    _math_verdict(math_verify, "\\boxed{1}", None, "1")  # a first grading is slow: no answer's fault
-    print(json.dumps("ready"), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            reward, answer = _math_verdict(math_verify, **request)
-            reply = {"reward": reward, "answer": answer, "failure": ""}
-        except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
-            reply = {"reward": 0.0, "answer": None, "failure": "error"}
-        print(json.dumps(reply), flush=True)
-
-
-def _math_verdict(mv, region: str, number: str | None, gold: str) -> tuple[float, str | None]:
-    """(reward, normalised answer) from a response's answer region, else its last number;
-    mv is the math_verify module."""
-    configs = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
-
-    def parse(text: str) -> list:
-        return mv.parse(text, extraction_config=configs, parsing_timeout=None)
-
-    gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
-    pred = parse(region) or (parse(number) if number else [])
-    if not pred:
-        return 0.0, None
-    answer = str(pred[0])
-    if not gold_parsed:  # a gold answer math-verify cannot read: exact text match
-        return float(pred[-1].strip() == gold.strip()), answer
-    return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
-
-
-def _math_request(response: str, gold: str) -> dict:
-    """What a math worker is sent of a response: its answer region, and the last number of its
-    tail for when the region holds no answer math-verify can read."""
-    numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
-    return {"region": _answer_region(response), "gold": gold,
-            "number": numbers[-1].replace(",", "") if numbers else None}
-
-
-def _answer_region(response: str) -> str:
-    """Where the final answer is: the last \\boxed{} (alone: math-verify would join "\\boxed{5}, ...
-    \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0), else the line after
-    GSM8K's "####", else an <answer> tag's content, else the end of the text: at most about
-    MATH_ANSWER_CHARS, found in linear time. A box, line or tag longer raises AnswerTooLong."""
-    boxed = last_boxed(response, MATH_ANSWER_CHARS)
-    if boxed is not None:
-        return "\\boxed{" + boxed + "}"
-    hashes = response.rfind("####")
-    if hashes >= 0:
-        return _short(response[hashes + 4:].strip().partition("\n")[0])
-    tag = extract_tag(response)
-    if tag is not None:
-        return "$" + _short(tag) + "$"
-    return _tail(response, MATH_ANSWER_CHARS)
-
-
-def _short(answer: str) -> str:
-    if len(answer) > MATH_ANSWER_CHARS:
-        raise AnswerTooLong
-    return answer
-
-
-def _tail(text: str, chars: int) -> str:
-    """The last `chars` characters of text at most, from a word boundary (a number cut in two
-    would be another number): _tail("so x is 1234", 6) -> "1234"; "" when no boundary is in them."""
-    if len(text) <= chars:
-        return text
-    tail = text[-chars - 1:]
-    space = re.search(r"\s", tail)
-    return tail[space.end():] if space else ""
+        requests = [(response, problem.answer) for problem, response in items]
+        decided = [precheck(*request) for request in requests]
+        graded = iter(self.grade_all([r for r, d in zip(requests, decided) if d is None], budget))
+        return [d or next(graded) for d in decided]
 
 
 # ----------------------------------------------------------------------------- --reward file.py:function
@@ -413,7 +341,5 @@ def _scores(call, n: int) -> list[dict]:
     return out
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--math-worker"]:
-    _math_worker()
 if __name__ == "__main__" and sys.argv[1:2] == ["--reward-worker"]:
     _reward_worker(*sys.argv[2:5])

@@ -7,10 +7,14 @@ raises: a grader that fails scores 0 and says why in Verdict.failure, which the 
 - built-in graders (`grade_running_sum`, `grade_countdown`), here, in process: they read a
   bounded window before the last </answer> and take milliseconds on any response; countdown
   parses the arithmetic itself (never Python `eval` on model output);
-- HF math-verify for data files (grader_pool.MathGrader), in a worker process with a time limit:
-  the gold answer is parsed first, the response's last \\boxed{} has priority, then GSM8K's
-  "#### x", an <answer> tag, any LaTeX or number math-verify finds, the last number. The worker
-  sees at most MATH_ANSWER_CHARS of the response;
+- HF math-verify for data files (grader_pool.MathGraderPool), in worker processes with a time
+  limit: the response's last \\boxed{} has priority, then GSM8K's "#### x", an <answer> tag, a
+  final-answer statement ("Answer: x", "The answer is x"), a closing **x**, any LaTeX or number
+  math-verify finds, the last number standing alone; the gold decides how the answer is read (a
+  gold of several parts, a time of day, a letter as a variable), and an answer that would stall
+  the library is decided without it when it cannot be right (grader_pool.precheck). The rules and
+  their sources: docs/math.md, "Grading math answers". The worker sees at most MATH_ANSWER_CHARS
+  of the response;
 - your own function, `--reward path/to/file.py:function` (grader_pool.RewardFunction), in worker
   processes the same way: function(prompt, response, answer) -> float, or the batch form
   function(prompts, responses, answers) -> list of floats; a reward may also be a pair (float,
@@ -122,32 +126,133 @@ def last_boxed(text: str, max_chars: int | None = None) -> str | None:
     there is none or it is unclosed. Given max_chars, at most max_chars + 2 characters after the
     macro are read, and a box that does not end within them raises AnswerTooLong."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
+    box = _box_at(text, start, max_chars) if start >= 0 else None
+    return None if box is None else box[0]
+
+
+def _box_at(text: str, start: int, max_chars: int | None) -> tuple[str, int] | None:
+    """(content, the index just past the box) of the \\boxed or \\fbox macro at `start`, as
+    last_boxed reads it; None when it is unclosed."""
     i = start + (6 if text.startswith("\\boxed", start) else 5)  # after "\\boxed" / "\\fbox"
     end = len(text) if max_chars is None else min(len(text), i + max_chars + 2)  # + the braces
     if not text.startswith("{", i):
         found = _BRACELESS_BOX.match(text, i, end)
         if found and found.end() == end < len(text):  # the token may go on past what was read
             raise AnswerTooLong
-        return found.group(1) if found else None
+        return (found.group(1), found.end()) if found else None
     depth = 0
     for brace in _BRACES.finditer(text, i, end):
         depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[i + 1:brace.start()].strip()
+            return text[i + 1:brace.start()].strip(), brace.end()
     if end < len(text):
         raise AnswerTooLong
     return None
 
 
+# What may stand between the boxes of one answer: spaces, $ delimiters, commas, "and", "or" -- the joins
+# across which math-verify's own parser reads several boxed answers as one set (parser.py, `next_groups`)
+_BOX_GAP = re.compile(r"(?:\s|\$|,|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
+
+
+def last_boxes(text: str, max_chars: int | None = None, most: int | None = None, joined: bool = True) -> list[str]:
+    """Contents of the last box (as last_boxed reads it) and of the boxes before it, in order,
+    at most `most`. joined: only boxes that _BOX_GAP alone separates from the next one, the parts
+    of one answer: "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$"
+    -> ["7"]. Not joined: any boxes, "(a) \\boxed{3}. (b) \\boxed{5}" -> ["3", "5"]. [] when there is
+    no closed last box. Only the last box raises AnswerTooLong; an earlier box past max_chars, or
+    one that encloses the box after it, ends the list."""
+    found: list[str] = []
+    stop = len(text)
+    while most is None or len(found) < most:
+        start = max(text.rfind("\\boxed", 0, stop), text.rfind("\\fbox", 0, stop))
+        try:
+            box = _box_at(text, start, max_chars) if start >= 0 else None
+        except AnswerTooLong:
+            if not found:
+                raise
+            box = None
+        if box is None or box[1] > stop or (found and joined and not _BOX_GAP.fullmatch(text, box[1], stop)):
+            break
+        found.insert(0, box[0])
+        stop = start
+    return found
+
+
+# a comma between a digit and three more that end a number: a thousands separator, not a list's comma
+THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def split_parts(text: str) -> list[str]:
+    """The parts of a list written in one answer: text split at its commas outside brackets, as
+    OlympiadBench's judge splits answers (`split_by_comma`), but never at a thousands separator;
+    empty parts dropped. "(1, 2), [3, 4)" -> ["(1, 2)", "[3, 4)"]; "1,000, 7" -> ["1,000", "7"]."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c in "([{") - (c in ")]}")
+        if c == "," and depth == 0 and not THOUSANDS_COMMA.match(text, i):
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def answer_parts(answer: str) -> list[str]:
+    """The parts of a gold answer every one of which a response must give. Several boxes --
+    gold_answer's form of a multi-part answer, "\\boxed{3} \\boxed{5}" -- are the parts, each split
+    by split_parts: ["3", "5"]; "\\boxed{1, 2} \\boxed{7}" -> ["1", "2", "7"]. Anything else is one
+    part, which math-verify reads whole: "1, 2, 5" -> ["1, 2, 5"] (a set, as MATH writes it)."""
+    boxes = last_boxes(answer)
+    return [part for box in boxes for part in split_parts(box)] if len(boxes) > 1 else [answer]
+
+
+# A final-answer statement: "A:" opening a line (the answers of GSM8K's few-shot chain-of-thought
+# exemplars, lm-eval-harness gsm8k-cot), "Answer:" and "Final Answer:" (simple-evals' ANSWER_PATTERN,
+# Minerva's "Final Answer: The final answer is $x$. I hope it is correct."), "the answer is" (the
+# same exemplars' "The answer is 6.", Qwen2.5-Math's extract_answer)
+_STATEMENT = re.compile(r"(?m:^[ \t]*A[ \t]*:)|(?i:\banswer[ \t]*:|\banswer is\b:?)")
+_STATED = re.compile(r"\s*([^\n]*)")
+# GSM8K's calculator annotations, "48/2 = <<48/2=24>>24": they repeat the result that follows them
+CALCULATOR_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
+_MINERVA_TAIL = "I hope it is correct."
+
+
+def stated_answer(text: str) -> tuple[str, str] | None:
+    """(its line, the answer) of the last final-answer statement of a text, the answer being the
+    rest of that line (or the next line when the marker ends one), without calculator
+    annotations, Minerva's closing sentence, a full stop, bold ** or one pair of $:
+    "A: <<3+4=7>>7\\n" -> ("A: <<3+4=7>>7", "7"); "Final Answer: The final answer is $\\frac{1}{2}$.
+    I hope it is correct." -> (that line, "\\frac{1}{2}"); None when there is none or it is empty."""
+    last = None
+    for last in _STATEMENT.finditer(text):
+        pass
+    if last is None:
+        return None
+    rest = _STATED.match(text, last.end())
+    answer = CALCULATOR_ANNOTATION.sub("", rest.group(1)).split(_MINERVA_TAIL)[0]
+    answer = answer.strip().rstrip(".").strip("* ")
+    if answer.count("$") == 2 and answer.startswith("$") and answer.endswith("$"):
+        answer = answer[1:-1].strip()
+    return (text[text.rfind("\n", 0, last.start()) + 1:rest.end()], answer) if answer else None
+
+
 def gold_answer(raw: str) -> str:
-    """The gold answer from an answer/solution field: GSM8K "...#### 72" -> "72";
-    a MATH solution "... \\boxed{3}" -> "3"; anything else unchanged (stripped)."""
+    """The gold answer from an answer/solution field, by the first rule that applies: GSM8K's
+    "...#### 72" -> "72"; the boxes of a MATH solution, "... \\boxed{3}" -> "3", the last box alone
+    when text other than _BOX_GAP stands before it (Hendrycks' last_boxed_only_string: earlier boxes
+    are steps), all of them, kept boxed, when they are the parts of one answer: "roots $\\boxed{3}$
+    and $\\boxed{5}$" -> "\\boxed{3} \\boxed{5}" (answer_parts reads them back); a final-answer
+    statement (stated_answer: "A: 55", "Answer: 55", "The answer is 55"); else the field, stripped.
+    A gold field's trailing **bold** is not read: in a written solution it is emphasis."""
     if "####" in raw:
         return raw.split("####")[-1].strip()
-    return last_boxed(raw) or raw.strip()
-
+    boxes = last_boxes(raw)
+    if len(boxes) > 1:
+        return " ".join(f"\\boxed{{{box}}}" for box in boxes)
+    if boxes and boxes[0]:
+        return boxes[0]
+    stated = stated_answer(raw)
+    return stated[1] if stated else raw.strip()
 
 
 # ----------------------------------------------------------------------------- built-in graders

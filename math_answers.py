@@ -1,0 +1,486 @@
+"""What counts as the same math answer: the rules a data file's responses are graded by, in front of
+HF math-verify (docs/math.md, "Grading math answers", gives each rule with its source).
+
+- The answer: the response's last \\boxed{} (several, where the gold has several parts), else GSM8K's
+  "#### x", an <answer> tag, the last final-answer statement ("A:", "Answer:", "The answer is"), a
+  closing **x**, what math-verify finds in the tail, the last number that stands alone (never digits
+  inside a word: "H2O").
+- A gold of several parts needs every part, in any order, each matched once (OlympiadBench).
+- Times of day are compared as times, not ratios ("4:30 p.m." is not 2/15).
+- A letter the gold uses as a variable is never dropped as a unit ("4t" is not "4"); units stay
+  droppable where the gold is a number or a quantity ("10 cm" is 10).
+- `precheck`: plain arithmetic whose value cannot be close to the gold, or cannot be computed in
+  bounded time (a huge factorial, an exponent tower, hundreds of nested fractions), scores 0 here
+  exactly, without the library, so such an answer never holds a worker until its timeout.
+
+grader_pool.MathGrader runs this file as its worker (`python math_answers.py --math-worker`): the
+parent sends `math_request`s, found here in bounded time, and the worker judges them with math-verify.
+"""
+from __future__ import annotations
+
+import json
+import math
+import operator
+import re
+import sys
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from rewards import (CALCULATOR_ANNOTATION, THOUSANDS_COMMA, AnswerTooLong, Verdict, answer_parts, extract_tag,
+                     last_boxed, last_boxes, split_parts, stated_answer)
+
+
+MATH_ANSWER_CHARS = 4096  # the most of a response a math worker sees: sane final answers are far shorter
+MAX_PARTS = 10  # boxes read for a multi-part gold: matching compares up to MAX_PARTS² pairs in one worker call
+# a number standing alone: not inside a word ("H2O", "x2", "x_2") nor the fraction part of a decimal
+_NUMBER = re.compile(r"(?<!\w)(?<!\d\.)-?\d[\d,]*(?:\.\d+)?(?!\w)")
+_BOLD = re.compile(r"\*\*([^*\n]+)\*\*[\s.!]*\Z")  # a closing "**55**."
+
+
+def _math_worker() -> None:
+    """The child side of MathGrader: `math_request` JSON lines in, Verdict JSON lines out."""
+    import logging
+
+    import math_verify
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
+    _math_verdict(math_verify, "\\boxed{1}", None, "1")  # a first grading is slow: no answer's fault
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reward, answer = _math_verdict(math_verify, **request)
+            reply = {"reward": reward, "answer": answer, "failure": ""}
+        except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
+            reply = {"reward": 0.0, "answer": None, "failure": "error"}
+        print(json.dumps(reply), flush=True)
+
+
+def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | tuple = ()) -> tuple[float, str | None]:
+    """(reward, normalised answer): a gold of several parts (rewards.answer_parts) against the
+    response's `parts`, else the gold against the response's answer region, else its last number.
+    mv is the math_verify module."""
+    golds = answer_parts(gold)
+    if len(golds) > 1:
+        return _parts_verdict(mv, golds, parts)
+    return _judge(mv, gold, region, number)
+
+
+def _judge(mv, gold: str, region: str, number: str | None = None) -> tuple[float, str | None]:
+    """(reward, normalised answer) of one gold answer against an answer region (else a number),
+    read as the gold asks: against a time of day, the region's last time of day (clock_time; the
+    library would read "4:30" as the ratio 2/15); against a gold that writes a letter as a
+    variable (uses_variables), math-verify without its unit dropping, which reads the letters
+    t, s, m, h, c ... after a number as units ("4t" as 4); else math-verify as configured upstream.
+    A gold the library cannot read is compared as text."""
+    clock = clock_time(gold, whole=True)
+    if clock is not None:
+        said = clock_time(region)
+        return float(said is not None and same_clock(clock, said)), said and _clock_text(said)
+    latex = mv.LatexExtractionConfig(boxed_match_priority=0)
+    if uses_variables(gold):
+        latex = replace(latex, normalization_config=replace(latex.normalization_config, units=False))
+    configs = [latex, mv.ExprExtractionConfig()]
+
+    def parse(text: str) -> list:
+        return mv.parse(text, extraction_config=configs, parsing_timeout=None)
+
+    gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
+    pred = parse(region) or (parse(number) if number else [])
+    if not pred:
+        return 0.0, None
+    answer = str(pred[0])
+    if not gold_parsed:  # a gold answer math-verify cannot read: exact text match
+        return float(pred[-1].strip() == gold.strip()), answer
+    return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
+
+
+def _parts_verdict(mv, golds: list[str], parts: list[str]) -> tuple[float, str | None]:
+    """Every part of a multi-part gold against its own part of the response, in any order, as
+    OlympiadBench's judge (eval/auto_scoring_judge.py) pairs answer lists: the same number of
+    parts, each gold part taking the first unpaired response part equal to it (_judge). The
+    response's parts are read from its last boxes back, each split by rewards.split_parts, until
+    there are as many as the gold's: "\\boxed{3} and \\boxed{5}" or "\\boxed{5, 3}" against
+    ["3", "5"] -> 1; "\\boxed{5}" -> 0 (a part missing). The answer, for maj@n, is the parts sorted."""
+    said: list[str] = []
+    for box in reversed(parts):
+        if len(said) >= len(golds):
+            break
+        said = split_parts(box) + said
+    answer = ", ".join(sorted(said)) or None
+    if len(said) != len(golds):
+        return 0.0, answer
+    unpaired = list(said)
+    for gold in golds:
+        pair = next((part for part in unpaired if _judge(mv, gold, "\\boxed{" + part + "}")[0]), None)
+        if pair is None:
+            return 0.0, answer
+        unpaired.remove(pair)
+    return 1.0, answer
+
+
+def math_request(response: str, gold: str) -> dict:
+    """What a math worker is sent of a response (calculator annotations removed): its answer
+    region, its last MAX_PARTS boxes (or its final answer) for a multi-part gold, and the last
+    number of its tail for when the region holds no answer math-verify can read."""
+    response = CALCULATOR_ANNOTATION.sub("", response)
+    region, answer = _final_answer(response)
+    boxes = last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS, joined=False)
+    numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
+    return {"region": region, "gold": gold, "number": numbers[-1].replace(",", "") if numbers else None,
+            "parts": boxes or ([answer] if answer else [])}
+
+
+def _final_answer(response: str) -> tuple[str, str | None]:
+    """(the region math-verify reads, the final answer as written, or None) by the first
+    convention the response follows: its last \\boxed{} (alone: math-verify would join "\\boxed{5},
+    ... \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0); the line after
+    GSM8K's "####"; an <answer> tag's content; a final-answer statement (rewards.stated_answer,
+    whose line is the region, so that math-verify's own "answer" anchors read "The answer is 54,
+    not 53" as 54); a closing **bold** span (math-verify's own number patterns accept ** around
+    a number); else the end of the text, at most about MATH_ANSWER_CHARS, with no final answer as
+    such. Found in linear time; a box, line or tag longer than MATH_ANSWER_CHARS raises AnswerTooLong."""
+    boxed = last_boxed(response, MATH_ANSWER_CHARS)
+    if boxed is not None:
+        return "\\boxed{" + boxed + "}", boxed
+    hashes = response.rfind("####")
+    if hashes >= 0:
+        line = _short(response[hashes + 4:].strip().partition("\n")[0])
+        return line, line
+    tag = extract_tag(response)
+    if tag is not None:
+        return "$" + _short(tag) + "$", tag
+    stated = stated_answer(response)
+    if stated is not None:
+        return _short(stated[0]), stated[1]
+    tail = _tail(response, MATH_ANSWER_CHARS)
+    bold = _BOLD.search(tail)
+    return (bold.group(1), bold.group(1)) if bold else (tail, None)
+
+
+def _short(answer: str) -> str:
+    if len(answer) > MATH_ANSWER_CHARS:
+        raise AnswerTooLong
+    return answer
+
+
+def _tail(text: str, chars: int) -> str:
+    """The last `chars` characters of text at most, from a word boundary (a number cut in two
+    would be another number): _tail("so x is 1234", 6) -> "1234"; "" when no boundary is in them."""
+    if len(text) <= chars:
+        return text
+    tail = text[-chars - 1:]
+    space = re.search(r"\s", tail)
+    return tail[space.end():] if space else ""
+
+
+# ----------------------------------------------------------------------------- how the gold reads an answer
+
+# upright text, whose letters are words (units, names), not variables: \text{ cm}, \mathrm{m}, \mbox{...}
+_TEXT_MACRO = re.compile(r"\\(?:text(?:rm|normal|up|sf|tt|bf|it)?|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_UNIT_WORD = re.compile(r"(?<=\s)[A-Za-z]{2,}")  # "10 cm", "3 hours": a word set off by a space
+
+
+def uses_variables(gold: str) -> bool:
+    """Whether a gold answer writes a Latin letter as a variable: one outside upright text
+    (\\text{}, \\mathrm{}, \\mbox{}) and LaTeX commands, other than a word of two or more letters
+    set off by a space (a unit). A bare letter in mathematics is italic, a variable; Minerva's
+    answer normalisation (Lewkowycz et al. 2022, appendix D) likewise removes unit words and
+    \\text{} units, never a bare letter. "4t", "x^2+2x+1", "3ab", "10 m" -> True; "10 cm",
+    "5\\text{ m}", "\\text{(C)}", "\\frac{\\pi}{2}", "30^\\circ" -> False."""
+    bare = _UNIT_WORD.sub("", _LATEX_COMMAND.sub("", _TEXT_MACRO.sub("", gold)))
+    return re.search(r"[A-Za-z]", bare) is not None
+
+
+_SPACING = re.compile(r"\\[ ,;:!]|~|\$")
+# a time of day: H:MM, H:MM:SS or H, with a.m./p.m. (any case, dots and spaces optional) required after H
+_CLOCK = re.compile(r"(?<![\d:.])(\d{1,2})(?::([0-5]\d)(?::([0-5]\d))?)?(?![\d:])\s*(?:([ap])\.?\s*m\b\.?)?", re.I)
+_HALF_DAY = 12 * 3600
+
+
+def clock_time(text: str, whole: bool = False) -> tuple[int, bool] | None:
+    """(seconds after midnight, ambiguous?) of the whole text read as a time of day, or (whole
+    False) of its last time of day; None when there is none. Upright text macros, LaTeX spacing
+    and $ are ignored: "\\text{4:30 p.m.}" -> (59400, False); "16:30" -> (59400, False); "12:05 a.m."
+    -> (300, False); "4:30" -> (16200, True): without a.m./p.m. an hour from 1 to 12 is ambiguous
+    (same_clock). Hours past 12 with a.m./p.m., past 23 without, or a bare number are no time."""
+    text = _SPACING.sub(" ", _TEXT_MACRO.sub(r"\1", text)).strip()
+    found = [_CLOCK.fullmatch(text)] if whole else list(_CLOCK.finditer(text))
+    for match in reversed(found):
+        if match is None:
+            continue
+        hour, minute, second, half = match.groups()
+        hour, seconds = int(hour), int(minute or 0) * 60 + int(second or 0)
+        if half and 1 <= hour <= 12:
+            return (hour % 12 + 12 * (half.lower() == "p")) * 3600 + seconds, False
+        if minute and not half and hour <= 23:
+            return hour * 3600 + seconds, 1 <= hour <= 12
+    return None
+
+
+def same_clock(gold: tuple[int, bool], said: tuple[int, bool]) -> bool:
+    """Whether an answer's time of day is the gold's: the same time, or, for a gold without
+    a.m./p.m. (ambiguous), the same reading of a 12-hour clock: gold "4:30" takes "4:30 p.m.",
+    "16:30" and "4:30 a.m."; gold "4:30 p.m." takes "16:30" but not the ambiguous "4:30"."""
+    return gold[0] == said[0] or (gold[1] and (gold[0] - said[0]) % _HALF_DAY == 0)
+
+
+def _clock_text(clock: tuple[int, bool]) -> str:
+    """A time of day for maj@n to vote on: "16:30"; seconds when there are some: "4:30:05"."""
+    minutes, second = divmod(clock[0], 60)
+    return f"{minutes // 60}:{minutes % 60:02d}" + (f":{second:02d}" if second else "")
+
+
+# ----------------------------------------------------------------------------- the pre-check
+
+PRECHECK_BITS = 8192  # exact values are kept up to this many bits; past it, a lower bound on |x|
+PRECHECK_DEPTH = 8  # brackets nested deeper stall math-verify (10 nested fractions: 0.4 s, 20: over 5 s)
+_MOST_BITS = 1 << 40  # lower bounds are capped here: a smaller lower bound is still a true one
+
+
+@dataclass(frozen=True)
+class Huge:
+    """A number known by a lower bound on its size only: |x| >= 2**bits; sign 1, -1 or 0 (unknown)."""
+    bits: int
+    sign: int
+
+
+def precheck(response: str, gold: str) -> Verdict | None:
+    """Verdict 0, reached without math-verify, on a final answer that could stall the library --
+    one whose value passes PRECHECK_BITS (a factorial of a huge number, a tower of exponents, a
+    long number) or which nests brackets deeper than PRECHECK_DEPTH (hundreds of nested
+    fractions) -- and whose value cannot be within the library's tolerance of the gold's; None
+    for every other answer (a worker grades it). Only plain arithmetic is read (arithmetic()),
+    on both sides; a multi-part gold is left to the worker.
+
+    Why no right answer is lost: it only ever says 0; arithmetic() reads an answer as the library
+    does (tests/test_answers.py compares them), exactly or, past PRECHECK_BITS, by a proven lower
+    bound on |x|; and it says 0 only when the exact distance to the gold is over 1/1000 of
+    max(1, |gold|) or the bound puts |x| above twice |gold|, while the library takes two such
+    numbers for equal only when they agree to 6 decimals (floats) or exactly (verify's
+    float_rounding 6, numeric_precision 15). OlympiadBench's judge scores a power whose exponent
+    is over 1000 as 0 outright (can_compute_power); this decides only what it can prove."""
+    try:
+        _, answer = _final_answer(CALCULATOR_ANNOTATION.sub("", response))
+        if answer is None or len(answer_parts(gold)) > 1:
+            return None
+        said, expected = arithmetic(answer), arithmetic(THOUSANDS_COMMA.sub("", gold))
+    except Exception:  # noqa: BLE001 - AnswerTooLong (MathGrader scores it 0 unsent), or a bug: the worker grades it
+        return None
+    if said is None or not said[1] or expected is None or isinstance(expected[0], Huge):
+        return None
+    return Verdict(0.0, answer) if _far(said[0], expected[0]) else None
+
+
+def _far(value: Fraction | Huge, gold: Fraction) -> bool:
+    """Whether value is certainly outside the library's tolerance of the gold (see precheck)."""
+    if isinstance(value, Huge):
+        return value.bits >= _log2_above(gold) + 1  # |value| >= 2 |gold|, and |gold| < 2**_log2_above
+    return abs(value - gold) * 1000 > max(1, abs(gold))
+
+
+_ARITHMETIC_TOKEN = re.compile(r"\s+|(\d+(?:\.\d+)?)|(\\[dt]?frac|\\cdot|\\times|\\div|\\left|\\right|[-+*/^!(){}])|.",
+                               re.DOTALL)
+_OPERATOR = {"\\cdot": "*", "\\times": "*", "\\div": "/"}
+_EXACT = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "neg": 3, "^": 4}  # -3^2 = -(3^2), as latex2sympy reads it
+
+
+def arithmetic(latex: str) -> tuple[Fraction | Huge, bool] | None:
+    """(value, could it stall math-verify?) of a LaTeX answer made of decimal numbers, + - * / \\cdot
+    \\times \\div, ^{...} or ^digit, \\frac{}{} (\\dfrac, \\tfrac), n!, ( ), { } and \\left( \\right);
+    None for anything else or anything that reads two ways ("!!", "2^{3}!", "3!^2", "2^10", "2(3)",
+    "\\frac12"). "-3^2" -> (Fraction(-9), False); "(10^{100})!" -> (Huge(...), True): the value
+    passes PRECHECK_BITS, or the brackets nest deeper than PRECHECK_DEPTH. An iterative
+    operator-precedence parse, each step bounded by PRECHECK_BITS: no nesting reaches Python's
+    recursion limit, and any answer of MATH_ANSWER_CHARS takes milliseconds."""
+    read = _arithmetic_tokens(latex)
+    if read is None:
+        return None
+    tokens, deepest = read
+    values: list = []
+    ops: list[str] = []  # "(" or an operator
+    expect, huge = True, False  # an operand comes next; a value passed PRECHECK_BITS
+
+    def push(value) -> bool:
+        nonlocal huge
+        values.append(value)
+        huge |= isinstance(value, Huge)
+        return value is not None
+
+    def reduce(op: str) -> bool:
+        right = values.pop()
+        return push(_apply(op, None if op == "neg" else values.pop(), right))
+
+    for token in tokens:
+        if token == "!":
+            if expect or (ops and ops[-1] == "^"):
+                return None  # "2^{3}!": a factorial of the exponent, or of the power?
+            if not push(_factorial(values.pop())):
+                return None
+        elif expect:
+            if isinstance(token, Fraction):
+                if not push(_bounded(token)):
+                    return None
+                expect = False
+            elif token in ("(", "-"):
+                ops.append("neg" if token == "-" else "(")
+            elif token != "+":  # a sign + changes nothing
+                return None
+        elif isinstance(token, Fraction) or token == "(":
+            return None  # a product without a sign: "2(3)"
+        else:  # ")" or a binary operator: first reduce what binds tighter (^ groups to the right)
+            while ops and ops[-1] != "(" and (token == ")" or _PRECEDENCE[ops[-1]] > _PRECEDENCE[token]
+                                              or _PRECEDENCE[ops[-1]] == _PRECEDENCE[token] != 4):
+                if not reduce(ops.pop()):
+                    return None
+            if token != ")":
+                ops.append(token)
+                expect = True
+            elif not ops:
+                return None
+            else:
+                ops.pop()
+    while ops and ops[-1] != "(" and not expect:
+        if not reduce(ops.pop()):
+            return None
+    if expect or ops or len(values) != 1:
+        return None
+    return values[0], huge or deepest > PRECHECK_DEPTH
+
+
+def _arithmetic_tokens(latex: str) -> tuple[list, int] | None:
+    """The tokens of arithmetic() with the LaTeX resolved, and the deepest nesting of brackets:
+    numbers as Fractions, \\frac{a}{b} as ( ( a ) / ( b ) ), { } as ( ), \\cdot and \\times as *,
+    \\div as /. "\\frac{1}{2}^{3}" -> (["(", "(", 1, ")", "/", "(", 2, ")", ")", "^", "(", 3, ")"], 2).
+    None where a macro lacks its braces, ^ is followed by neither { nor one digit, or ! by ! or ^."""
+    tokens, braces, want, depth, deepest = [], [], "", 0, 0  # want: "frac", "denominator", "exponent"
+    for match in _ARITHMETIC_TOKEN.finditer(latex):
+        number, op, text = match.group(1), match.group(2), match.group()
+        if text.isspace() or op in ("\\left", "\\right"):
+            continue
+        if (op is None and number is None) or (op in ("!", "^") and tokens[-1:] == ["!"]):
+            return None  # "3!!", "3!^2": the library reads neither as arithmetic
+        if want and text != "{" and not (want == "exponent" and number and len(text) == 1):
+            return None
+        if op in ("{", "("):
+            depth += 1
+            deepest = max(deepest, depth)
+        if op == "{":
+            braces.append(want)
+            tokens += ["(", "("] if want == "frac" else ["("]
+            want = ""
+        elif op == "}":
+            if not braces:
+                return None
+            tokens += [")", "/"] if braces[-1] == "frac" else [")", ")"] if braces[-1] == "denominator" else [")"]
+            want = "denominator" if braces.pop() == "frac" else ""
+        elif op in ("\\frac", "\\dfrac", "\\tfrac"):
+            want = "frac"
+        elif number and len(text) > MATH_ANSWER_CHARS:
+            return None  # int() refuses 4,301 digits and more; no answer sent is this long
+        else:
+            tokens.append(Fraction(text) if number else _OPERATOR.get(op, op))
+            want = "exponent" if op == "^" else ""
+        depth -= op in ("}", ")")
+    return (tokens, deepest) if not want and not braces else None
+
+
+def _apply(op: str, left: Fraction | Huge | None, right: Fraction | Huge | None) -> Fraction | Huge | None:
+    """left op right ("neg": -right) on exact values or Huge bounds; None when the result cannot be
+    pinned down (a sum of two huge numbers, a huge divisor, a fractional exponent, x / 0)."""
+    if right is None or (left is None and op != "neg"):
+        return None
+    if op == "neg":
+        return -right if isinstance(right, Fraction) else Huge(right.bits, -right.sign)
+    if op == "^":
+        return _power(left, right)
+    if isinstance(left, Fraction) and isinstance(right, Fraction):
+        if op == "/" and right == 0:
+            return None
+        return _bounded(_EXACT[op](left, right))
+    return _huge_arithmetic(op, left, right)
+
+
+def _huge_arithmetic(op: str, left: Fraction | Huge, right: Fraction | Huge) -> Fraction | Huge | None:
+    """+ - * / with a Huge side: |H ± c| >= 2**(bits - 1) when |c| < 2**(bits - 1); |H c| >= 2**bits |c|;
+    |H / c| >= 2**bits / |c|; a sum of two huge numbers or a huge divisor is not pinned down."""
+    if op in "+-":
+        huge, small, sign = (left, right, 1) if isinstance(left, Huge) else (right, left, -1 if op == "-" else 1)
+        if isinstance(small, Huge) or _log2_above(small) >= huge.bits:
+            return None
+        return Huge(huge.bits - 1, huge.sign * sign)
+    if op == "*":
+        if 0 in (left, right):
+            return Fraction(0)
+        if isinstance(left, Huge) and isinstance(right, Huge):
+            return _huge(left.bits + right.bits, left.sign * right.sign)
+        huge, small = (left, right) if isinstance(left, Huge) else (right, left)
+        return _huge(huge.bits + _log2_below(small), huge.sign * (1 if small > 0 else -1))
+    if isinstance(right, Huge) or right == 0:
+        return None
+    return _huge(left.bits - _log2_above(right), left.sign * (1 if right > 0 else -1))
+
+
+def _power(base: Fraction | Huge, exponent: Fraction | Huge) -> Fraction | Huge | None:
+    """base ** exponent for a whole exponent: exact within PRECHECK_BITS; else, for |base| >= 2**j
+    (j >= 1) and exponent n > 0, |base**n| >= 2**(j n), and for exponent >= 2**k, >= 2**(j 2**k)
+    (a positive base). None for a fractional exponent, 0 to a negative power, or a huge base to one."""
+    if isinstance(exponent, Fraction) and exponent.denominator != 1:
+        return None
+    if isinstance(exponent, Huge):
+        j = base.bits if isinstance(base, Huge) else _log2_below(base) if base > 0 else 0
+        positive = exponent.sign == 1 and (base.sign == 1 if isinstance(base, Huge) else base > 0)
+        return _huge(j << min(exponent.bits, 40), 1) if positive and j >= 1 else None
+    n = exponent.numerator
+    if isinstance(base, Huge):
+        return Fraction(1) if n == 0 else _huge(base.bits * n, base.sign if n % 2 else 1) if n > 0 else None
+    if base == 0 and n < 0:
+        return None
+    if abs(base) in (0, 1) or abs(n) * max(abs(base.numerator).bit_length(), base.denominator.bit_length()) \
+            <= PRECHECK_BITS:
+        return base ** n
+    if n > 0 and _log2_below(base) >= 1:
+        return _huge(n * _log2_below(base), 1 if base > 0 or n % 2 == 0 else -1)
+    return None
+
+
+def _factorial(x: Fraction | Huge | None) -> Fraction | Huge | None:
+    """x! for a whole x >= 0: exact within PRECHECK_BITS (n! < n**n), else a bound from
+    n! >= (n/e)**n: log2 n! >= n (log2 n - 2) >= n (bits of n - 3); for x >= 2**k, >= 2**k (k - 2)."""
+    if isinstance(x, Huge):
+        return _huge((1 << min(x.bits, 40)) * (x.bits - 2), 1) if x.sign == 1 else None
+    if x is None or x.denominator != 1 or x < 0:
+        return None
+    n = x.numerator
+    if n * n.bit_length() <= PRECHECK_BITS:
+        return Fraction(math.factorial(n))
+    return _huge(n * (n.bit_length() - 3), 1)
+
+
+def _bounded(x: Fraction) -> Fraction | Huge | None:
+    """x itself within PRECHECK_BITS; past them a Huge bound when |x| is that large, else None (a
+    long fraction of moderate size proves nothing)."""
+    if max(abs(x.numerator).bit_length(), x.denominator.bit_length()) <= PRECHECK_BITS:
+        return x
+    below = _log2_below(x)
+    return Huge(min(below, _MOST_BITS), 1 if x > 0 else -1) if below >= PRECHECK_BITS // 2 else None
+
+
+def _huge(bits: int, sign: int) -> Huge | None:
+    """A Huge bound, capped at _MOST_BITS; None when the bound says less than |x| >= 2."""
+    return Huge(min(bits, _MOST_BITS), sign) if bits >= 1 else None
+
+
+def _log2_below(x: Fraction) -> int:
+    """An integer at most log2 |x| (x != 0): |numerator| >= 2**(its bits - 1), denominator <= 2**(bits of d - 1)."""
+    return abs(x.numerator).bit_length() - 1 - (x.denominator - 1).bit_length()
+
+
+def _log2_above(x: Fraction) -> int:
+    """An integer k with |x| < 2**k: |numerator| < 2**(its bits), denominator >= 2**(its bits - 1)."""
+    return abs(x.numerator).bit_length() - x.denominator.bit_length() + 1
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--math-worker"]:
+    _math_worker()
