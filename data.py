@@ -11,7 +11,7 @@ from pathlib import Path
 from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
 from mixed import mix
 from rewards import DataError, Problem
-from tasks import (TASKS, CODE_TEMPLATES, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
+from tasks import (CODE_TEMPLATES, TASKS, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
                    with_template)
 
 
@@ -20,6 +20,7 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     in a mixed run (several --data sources) the task is a mixed.MixedTask and every problem carries
     its source's name (Problem.domain)."""
     srcs, mixed = sources(cfg), "," in cfg.data
+    code_file = {src: is_code_file(src) for src in srcs}  # each reads the file's first row
     code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
                 memory=cfg.sandbox_memory)
     loaded = {}
@@ -27,15 +28,15 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
         task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
                          sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
                          grade_budget=cfg.grade_budget, code=code,
-                         reward="" if mixed and is_code_file(src) else cfg.reward)  # a code file has its tests
+                         reward="" if mixed and code_file[src] else cfg.reward)  # a code file has its tests
         problems, held = task.splits()
         if held_out:
             held = task.read(held_out)
         held = held[:cfg.eval_problems or None]
-        if not is_code_file(src):  # a code file's recipe (--code-template) chose its prompts
+        if not code_file[src]:  # a code file's recipe (--code-template) chose its prompts
             problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
         loaded[domain_name(src)] = task, problems, held
-    code_files = [src for src in srcs if is_code_file(src)]
+    code_files = [src for src in srcs if code_file[src]]
     unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
               if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default]
     if unread and not code_files:

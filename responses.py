@@ -124,7 +124,6 @@ def line_responses(row: dict, path: str, lineno: int) -> list[str]:
 def response_ks(ks: list[int], *, explicit: bool, responses: dict[int, list[str]]) -> list[int]:
     """The pass@k values for given responses: each k needs every graded problem to have k responses.
     Asked for with --k, a k beyond that is an error; else the config's are kept where they fit."""
-
     fewest = min(map(len, responses.values()))
     if explicit and max(ks) > fewest:
         index = min(responses, key=lambda i: len(responses[i]))

@@ -12,9 +12,9 @@ raises: a grader that fails scores 0 and says why in Verdict.failure, which the 
   final-answer statement ("Answer: x", "The answer is x"), a closing **x**, any LaTeX or number
   math-verify finds, the last number standing alone; the gold decides how the answer is read (a
   gold of several parts, a time of day, a letter as a variable), and an answer that would stall
-  the library is decided without it when it cannot be right (grader_pool.precheck). The rules and
-  their sources: docs/math.md, "Grading math answers". The worker sees at most MATH_ANSWER_CHARS
-  of the response;
+  the library is decided without it when it cannot be right (math_answers.precheck). The rules and
+  their sources: math_answers.py and docs/math.md, "Grading math answers". The worker sees at most
+  math_answers.MATH_ANSWER_CHARS of the response;
 - your own function, `--reward path/to/file.py:function` (grader_pool.RewardFunction), in worker
   processes the same way: function(prompt, response, answer) -> float, or the batch form
   function(prompts, responses, answers) -> list of floats; a reward may also be a pair (float,
@@ -117,7 +117,7 @@ def grades_safely(grade):
 
 
 class AnswerTooLong(ValueError):
-    """A final answer longer than grader_pool.MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
+    """A final answer longer than math_answers.MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
 
 
 def last_boxed(text: str, max_chars: int | None = None) -> str | None:
