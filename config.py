@@ -95,6 +95,12 @@ class RunConfig:
     carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
     chunk_head: int = -1  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail; -1 = min(100, m) (official 100)
     eval_max_chunks: int = 0  # I at eval; more than max_chunks = test-time scaling; 0 = max_chunks
+    # --- multi-turn rollouts (environments.py, docs/math.md §8), with any algorithm but PACS and GSPO
+    env: str = ""  # "" = one turn | calculator (<calc>EXPR</calc>) | python (```python blocks, sandboxed) | path/file.py:Class
+    max_turns: int = 4  # model turns per trace at most (with --env); a turn writes up to max_new_tokens
+    max_observation_tokens: int = 256  # tokens of one observation (a tool's output); the rest is cut
+    max_trace_tokens: int = 0  # a trace's context at most: query, turns, observations and the next turn's budget; 0 = no cap
+    env_timeout: float = 10.0  # seconds per step of a path/file.py:Class environment; over it the trace scores 0, counted
     # --- batch shaping (DAPO)
     mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
     overlong_penalty: bool = False  # soft length penalty added to the reward
@@ -267,7 +273,8 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "engine": dict(choices=("auto", "fast", "hf")), "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
     "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
-    "sandbox_memory": dict(at_least=64),
+    "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
+    "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
 }
 CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files only
 # A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics
@@ -295,6 +302,10 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
         (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunking(cfg).head <= chunking(cfg).carryover
          < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunking(cfg).head}) ≤ carryover "
          f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
+        (not (cfg.env and max(cfg.max_chunks, cfg.eval_max_chunks) > 1),
+         "--env writes multi-turn traces and max_chunks > 1 Markovian ones: one or the other"),
+        (not cfg.max_trace_tokens or cfg.max_trace_tokens >= cfg.max_new_tokens,
+         f"max_trace_tokens={cfg.max_trace_tokens} leaves no room for a turn of max_new_tokens={cfg.max_new_tokens}"),
         (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= response_tokens(cfg),
          f"overlong_cache must be in [0, {response_tokens(cfg)}] (the response budget; 0 = a fifth of it)"),
         (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
@@ -371,9 +382,9 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
          f"{whole}: it needs train_on=all and mask_truncated=false, not train_on={cfg.train_on}"),
         (not algo.whole_groups or not cfg.mask_truncated,
          f"{whole}: it needs train_on=all and mask_truncated=false, not mask_truncated=true"),
-        (not algo.whole_groups or cfg.max_chunks == 1,
-         f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 a "
-         f"response is split over several rows, which it does not support: set max_chunks 1"),
+        (not algo.whole_groups or not multi_row(cfg),
+         f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 or --env a "
+         f"response is split over several rows, which it does not support: set max_chunks 1, no --env"),
     ]
 
 
@@ -470,8 +481,23 @@ def chunking(cfg: RunConfig, evaluation: bool = False):
 
 
 def response_tokens(cfg: RunConfig) -> int:
-    """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens."""
+    """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens; with
+    --env, max_turns turns of max_new_tokens (observations are not generated)."""
+    if cfg.env:
+        return cfg.max_turns * cfg.max_new_tokens
     return chunking(cfg).max_tokens(cfg.max_new_tokens)
+
+
+def multi_row(cfg: RunConfig) -> bool:
+    """Whether a response may be several training rows: a Markovian or a multi-turn trace."""
+    return cfg.max_chunks > 1 or bool(cfg.env)
+
+
+def turns(cfg: RunConfig):
+    """The multi-turn caps as rollout.interact takes them, an environments.Turns."""
+    from environments import Turns
+
+    return Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
 
 
 def learning_rate(cfg: RunConfig) -> float:
@@ -487,7 +513,7 @@ def eval_settings(cfg: RunConfig) -> dict:
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
                                   cfg.engine, cfg.engine_compile),
-                chunking=chunking(cfg, evaluation=True), chat_template=cfg.chat_template,
+                chunking=chunking(cfg, evaluation=True), turns=turns(cfg), chat_template=cfg.chat_template,
                 answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 

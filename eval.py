@@ -67,11 +67,17 @@ def majority(samples: list[dict]) -> tuple[str | None, float]:
 
 
 def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
-    """Each response's record; a trace of several chunks also keeps what each chunk wrote."""
+    """Each response's record; a trace of several chunks also keeps what each chunk wrote, a
+    multi-turn trace its transcript (and its environment's reward and numbers)."""
     verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=answer_after)
-    return [{**sample_record(e.text, v), "length": len(e.response_ids), "truncated": e.truncated,
-             **({"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})}
-            for e, v in zip(episodes, verdicts)]
+    records = []
+    for e, v in zip(episodes, verdicts):
+        e.settle(v)
+        trace = ({"transcript": e.transcript} if e.transcript else
+                 {"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})
+        records.append({**sample_record(e.text, replace(v, reward=e.reward, details=e.details)),
+                        "length": len(e.response_ids), "truncated": e.truncated, **trace})
+    return records
 
 
 def sample_record(response: str, verdict) -> dict:
@@ -124,9 +130,10 @@ def summarize_domains(records: list[dict], ks: list[int]) -> dict:
 
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, chat_template: bool, seed: int,
              chunking=None, greedy: bool = False, batch_size: int = 256, answer_after: str = "",
-             progress: bool = False) -> tuple[dict, list[dict]]:
+             environment=None, turns=None, progress: bool = False) -> tuple[dict, list[dict]]:
     """Sample n responses per problem (rollout.Sampling; batch_size sequences per generate call; with
-    Markovian thinking the rollout.Chunking's max_chunks is the cap I, None: plain), and one greedy
+    Markovian thinking the rollout.Chunking's max_chunks is the cap I, None: plain; with an
+    environment, multi-turn traces within `turns`, see rollout.generate), and one greedy
     response if asked; grade them. Returns (metrics of `summarize`, one record per problem in order),
     the same on every rank."""
     # here, not at the top: grading given responses (main) samples nothing and loads no torch
@@ -146,7 +153,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
             batch = problems[start:start + per_call]
             torch.manual_seed(seed + b)
             episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
-                                group_size=n, sampling=sampling, chunking=chunking)
+                                group_size=n, sampling=sampling, chunking=chunking, environment=environment, turns=turns)
             records = graded(task, episodes, tokenizer, answer_after)
             for j in range(len(batch)):
                 samples[start + j] = records[j * n:(j + 1) * n]
@@ -155,7 +162,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
             if b % world == rank:
                 batch = problems[start:start + batch_size]
                 episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
-                                    group_size=1, sampling=replace(sampling, temperature=0.0), chunking=chunking)
+                                    group_size=1, sampling=replace(sampling, temperature=0.0), chunking=chunking,
+                                    environment=environment, turns=turns)
                 best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:
         parts = [None] * world
@@ -298,8 +306,10 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
     settings = eval_settings(cfg)
+    from environments import environments
+    environment = environments(cfg.env, settings["turns"], tokenizer, cfg.chat_template, cfg.env_timeout)
     with autocast_context(cfg, device)():
-        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
+        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, environment=environment, **settings)
     if rank == 0:
         chunks = settings["chunking"]
         described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),

@@ -4,8 +4,11 @@ A plain rollout is one `generate` call per rank per step: all of the rank's prom
 batches of `rollout_batch_size` of them) in one batched `sample`, left-padded, with the model in eval
 mode and the KV cache on. With Markovian thinking (`Chunking`, docs/math.md §5) `markovian` goes on
 with one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
-generated from: they are the training rows. Every sampling knob is passed explicitly; nothing is
-inherited from the checkpoint's generation_config (model.load_model resets it).
+generated from: they are the training rows. With an environment (environments.py, `--env`)
+`interact` writes multi-turn traces: one call per turn over the traces still going, each turn a row
+whose prompt is everything before it, observations included (context, never trained: §8). Every
+sampling knob is passed explicitly; nothing is inherited from the checkpoint's generation_config
+(model.load_model resets it).
 """
 from __future__ import annotations
 
@@ -69,6 +72,13 @@ class Episode:
     score: float = 0.0  # reward after shaping (e.g. DAPO overlong penalty); what advantages use
     advantage: float = 0.0  # set by the algorithm before the update
     chunks: list[Chunk] = field(default_factory=list)  # one per generate call (rollout order)
+    env_reward: float | None = None  # a multi-turn trace's reward from its environment; None: the task grades
+    transcript: str = ""  # a multi-turn trace after its query, observations included (for logs)
+
+    def settle(self, verdict) -> None:
+        """Take the grader's verdict (rewards.Verdict), unless the environment rewarded the trace."""
+        self.reward = verdict.reward if self.env_reward is None else self.env_reward
+        self.grader_failed, self.details = bool(verdict.failure), {**self.details, **verdict.details}
 
     def chunk_texts(self, tokenizer) -> list[str]:
         """What each chunk wrote, for logs (a Markovian trace's `text` is only its tail)."""
@@ -104,10 +114,12 @@ def stop_ids(tokenizer) -> list[int]:
 
 def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
              group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
-             first_group: int = 0, batch_size: int = 0) -> list[Episode]:
+             first_group: int = 0, batch_size: int = 0, environment=None, turns=None) -> list[Episode]:
     """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
     one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
-    chunking.max_chunks > 1 writes each response as a Markovian trace (`markovian`).
+    chunking.max_chunks > 1 writes each response as a Markovian trace (`markovian`); an
+    `environment` (problem -> environments.Session) as a multi-turn trace (`interact`, within
+    `turns`, an environments.Turns).
 
     Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
     consecutive and carry group id first_group + j.
@@ -116,10 +128,20 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
     episodes = []
     for s in range(0, len(problems), per_call):
         queries = [ids for ids in prompt_ids[s:s + per_call] for _ in range(group_size)]
-        traces = (markovian(lm, tokenizer, queries, sampling, chunking) if chunking.max_chunks > 1
-                  else plain(lm, tokenizer, queries, sampling))
-        episodes += [episode(tokenizer, q, chunks, first_group + s + i // group_size, problems[s + i // group_size])
-                     for i, (q, chunks) in enumerate(zip(queries, traces))]
+        owners = [problems[s + i // group_size] for i in range(len(queries))]
+        if environment is not None:
+            sessions = [environment(p) for p in owners]
+            traces = interact(lm, tokenizer, queries, sessions, sampling, turns)
+        elif chunking.max_chunks > 1:
+            traces = markovian(lm, tokenizer, queries, sampling, chunking)
+        else:
+            traces = plain(lm, tokenizer, queries, sampling)
+        batch = [episode(tokenizer, q, chunks, first_group + s + i // group_size, p)
+                 for i, (q, chunks, p) in enumerate(zip(queries, traces, owners))]
+        if environment is not None:
+            for e, session in zip(batch, sessions):
+                settle_trace(e, session, tokenizer, turns)
+        episodes += batch
     return episodes
 
 
@@ -153,6 +175,56 @@ def episode(tokenizer, query: list[int], chunks: list[Chunk], group: int, proble
 def written(chunks: list[Chunk]) -> list[int]:
     """A trace's generated tokens, chunk after chunk: responses [5, 6], [7] -> [5, 6, 7]."""
     return [t for ch in chunks for t in ch.response_ids]
+
+
+# ----------------------------------------------------------------------------- multi-turn traces
+
+def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns) -> list[list[Chunk]]:
+    """Each query's multi-turn trace (environments.py), in one `sample` call per turn over the
+    traces still going. A turn that ends with a stop id goes to its trace's session; an observation
+    comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
+    the observation, so every turn's row holds exactly the context it was written in. A trace ends
+    when its session says done, when a turn ends without a stop id (cut by max_new_tokens), at
+    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens.
+    q = [1, 2], turn 1 writes [7, eos], the observation is [5]: turn 2's prompt is [1, 2, 7, eos, 5].
+
+    Each turn re-prefills its whole context (the engine and HF generate alike): the prefix cache of
+    a Markovian trace needs the same columns in every round, and a turn's context grows by a
+    different length in every trace (docs/measured.md: the cost against the turn's decode).
+    """
+    stops = stop_ids(tokenizer)
+    traces: list[list[Chunk]] = [[] for _ in queries]
+    contexts, going = list(queries), list(range(len(queries)))
+    for turn in range(turns.max_turns):
+        if not going:
+            break
+        written_now = sample(lm, tokenizer, [contexts[i] for i in going], sampling)
+        still = []
+        for i, (new, logp) in zip(going, written_now):
+            traces[i].append(Chunk(contexts[i], new, logp))
+            if not ends(new, stops):
+                continue
+            observation = sessions[i].answer(tokenizer.decode(new, skip_special_tokens=True))
+            if observation is None:
+                continue
+            contexts[i] = contexts[i] + new + observation
+            sessions[i].cut = (turn + 1 == turns.max_turns or
+                               bool(turns.max_tokens) and len(contexts[i]) + sampling.max_new_tokens > turns.max_tokens)
+            if not sessions[i].cut:
+                still.append(i)
+        going = still
+    return traces
+
+
+def settle_trace(e: Episode, session, tokenizer, turns) -> None:
+    """What a multi-turn Episode keeps of its session: the environment's reward, its numbers, and
+    the grader's text, the last turn alone (never an observation, which a tool could fill with a
+    forged answer). A trace the caps stopped while its environment still answered is truncated."""
+    last = e.chunks[-1]
+    e.text = tokenizer.decode(last.response_ids, skip_special_tokens=True)
+    e.transcript = tokenizer.decode(last.prompt_ids[len(e.prompt_ids):] + last.response_ids)
+    e.truncated = e.truncated or session.cut
+    e.env_reward, e.details = session.reward, {**session.details, "turns/mean": len(e.chunks)}
 
 
 # ----------------------------------------------------------------------------- Markovian thinking

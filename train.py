@@ -51,8 +51,9 @@ from algos import LossInputs
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, chunking, eval_settings, learning_rate, parse_config, response_tokens,
-                    validate)
+                    turns, validate)
 from engine import compile_count
+from environments import environments
 from eval import evaluate
 from lora import AdaptersOff, add_lora, check_targets, require_peft
 from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
@@ -67,9 +68,10 @@ from tasks import detail_means
 # ============================================================================ rollout
 
 def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
-                     rank: int, world: int):
+                     rank: int, world: int, environment=None):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
-    identical on every rank and group-major; all episodes generated; new data_pos; stats)."""
+    identical on every rank and group-major; all episodes generated; new data_pos; stats).
+    environment: problem -> environments.Session for multi-turn traces (--env), else None."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
                         cfg.engine_compile)
@@ -79,10 +81,11 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
         first_group = data_pos + rank * b_local  # group ids unique over the run
         episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
-                            first_group=first_group, batch_size=cfg.rollout_batch_size)
+                            first_group=first_group, batch_size=cfg.rollout_batch_size,
+                            environment=environment, turns=turns(cfg))
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
         for e, verdict in zip(episodes, verdicts):
-            e.reward, e.grader_failed, e.details = verdict.reward, bool(verdict.failure), verdict.details
+            e.settle(verdict)
             e.score = shaped_score(e, cfg)
         episodes = [e for part in gather_objects(episodes, world) for e in part]
         data_pos += cfg.prompts_per_step
@@ -451,7 +454,8 @@ class Logger:
         for k, v in metrics.items():
             self.tb.add_scalar(k, v, step)
         for e in samples:
-            chunks = {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {}
+            chunks = ({"transcript": e.transcript} if e.transcript else
+                      {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
             self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
                                            "response": e.text, "reward": e.reward, **chunks}) + "\n")
             self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
@@ -601,10 +605,11 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     if start is not None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
+    environment = environments(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
 
     def run_eval():
         with full_weights(learner.scorer), learner.autocast():
-            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg))[0]
+            return evaluate(lm, tokenizer, task, heldout, environment=environment, **eval_settings(cfg))[0]
 
     compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
     if cfg.eval_every and step == 0 and heldout:
@@ -621,7 +626,7 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
         t0 = time.perf_counter()
         with full_weights(learner.scorer), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
-                lm, tokenizer, task, stream, data_pos, cfg, rank, world)
+                lm, tokenizer, task, stream, data_pos, cfg, rank, world, environment)
         metrics.update(peak_memory(device, "rollout"))
         t1 = time.perf_counter()
         if episodes:

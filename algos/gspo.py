@@ -25,8 +25,8 @@ Where we differ from verl, and why:
 - The aggregation is seq-mean-token-mean whatever `loss_agg` says, as in verl (which ignores its
   knob here); GSPO does not declare `loss_agg`, so config.validate refuses another value instead of
   ignoring it silently, and likewise `dual_clip`.
-- max_chunks must be 1: a Markovian trace spread over several rows would need the whole trace's
-  ratio in every row.
+- max_chunks must be 1 and --env unset: a Markovian or multi-turn trace spread over several rows
+  would need the whole trace's ratio in every row.
 """
 from __future__ import annotations
 
@@ -64,11 +64,11 @@ def loss(mb: LossInputs, cfg, totals: dict):
 
 
 def check(cfg) -> str:
-    """A Markovian trace spread over several rows has no whole-response ratio in any one row."""
-    if cfg.max_chunks == 1:
+    """A trace spread over several rows (Markovian, multi-turn) has no whole-response ratio in any one row."""
+    if cfg.max_chunks == 1 and not cfg.env:
         return ""
-    return ("--algo gspo clips each response's whole ratio, which a Markovian trace split over rows does not "
-            "have in one row: set max_chunks 1")
+    return ("--algo gspo clips each response's whole ratio, which a Markovian or multi-turn trace split over rows "
+            "does not have in one row: set max_chunks 1, no --env")
 
 
 ALGORITHMS = [Algorithm("gspo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, check=check,

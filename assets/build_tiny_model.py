@@ -9,6 +9,19 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
     python assets/build_tiny_model.py --init assets/tiny-running-sum-long --out assets/tiny-running-sum-markov \
         --min-terms 2 --max-terms 12 --chunk 32 --carryover 21 --eval-terms 6,7 --max-new-tokens 100 \
         --lr 1e-3 --max-steps 750 --eval-every 250 --target 1.01    # configs/tiny_delethink.yaml's model
+    python assets/build_tiny_model.py --init assets/tiny-running-sum --out assets/tiny-tool-calc \
+        --env calculator --tool-share TOOL_SHARE --digits 4 --min-terms 2 --max-terms 3 --max-new-tokens 64 \
+        --lr 1e-3 --max-steps MAX_STEPS --eval-every EVAL_EVERY --target 1.01  # configs/tiny_grpo_tool.yaml's model
+
+With --env calculator a share --tool-share of the SFT problems is solved with the calculator, as
+a multi-turn rollout with `--env calculator` writes it (environments.py): turn 1 calls the tool,
+the observation comes back through the chat template, turn 2 answers. "Add 4821+9377" ->
+
+    row 1  <|user|>Add 4821+9377<|assistant|>                                -> <calc>4821+9377</calc><eos>
+    row 2  <|user|>Add 4821+9377<|assistant|><calc>4821+9377</calc><eos><|tool|>14198<|assistant|>
+                                                                             -> <answer>14198</answer><eos>
+
+the rest with the plain running sum; the checks then sample multi-turn with the calculator.
 
 Deterministic: every random choice is seeded, and the run uses one CPU thread.
 """
@@ -26,6 +39,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import environments  # noqa: E402
 from model import ResponseLogProbs, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask  # noqa: E402
 from rollout import Chunk, Chunking, Sampling, collate, encode_prompts, generate  # noqa: E402
@@ -73,15 +87,37 @@ def markov_rows(query: list[int], solution: list[int], chunk: int, carryover: in
     return rows
 
 
-def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, chunk: int, carryover: int) -> float:
-    """Sampled at temperature 1; with chunk > 0 in Delethink chunks, as many as max_new_tokens needs."""
+# the calculator's bounds at the checks, as configs/tiny_grpo_tool.yaml has them (--max-turns, --max-observation-tokens)
+TURNS = environments.Turns(max_turns=3, max_observation_tokens=32)
+
+
+def tool_rows(tok, query: list[int], terms: list[int], render) -> list[Chunk]:
+    """A calculator trace, two rows, as rollout.interact writes them: the call, then the answer
+    prompted with everything before it, the observation rendered by the rollout's own
+    environments.Observations (so that SFT and RL agree token for token)."""
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    total = sum(terms)
+    call = ids("<calc>" + "+".join(map(str, terms)) + "</calc>") + [tok.eos_token_id]
+    observation = render(str(total), TURNS.max_observation_tokens, environments.Calculator.plain)
+    return [Chunk(query, call),
+            Chunk(query + call + observation, ids(f"<answer>{total}</answer>") + [tok.eos_token_id])]
+
+
+def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, chunk: int, carryover: int,
+                     env: str = "") -> tuple[float, float, float]:
+    """(accuracy, share of traces calling the tool, share with a correct call: one whose value is
+    the answer), sampled at temperature 1; with chunk > 0
+    in Delethink chunks, as many as max_new_tokens needs; with env, multi-turn with that environment."""
     chunking, budget = Chunking(), max_new_tokens
     if chunk:
         chunking = Chunking(carryover, 0, 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover)))
         budget = chunk
+    environment = environments.environments(env, TURNS, tok, True) if env else None
     eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
-                   sampling=Sampling(temperature=1.0, max_new_tokens=budget))
-    return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps)
+                   sampling=Sampling(temperature=1.0, max_new_tokens=budget),
+                   environment=environment, turns=TURNS if env else None)
+    share = lambda key: sum(e.details.get(key, 0) > 0 for e in eps) / len(eps)  # noqa: E731
+    return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps), share("tools/calls"), share("tools/correct")
 
 
 def main() -> None:
@@ -102,9 +138,17 @@ def main() -> None:
                     help="C > 0: train on Delethink rows of the reference (Markovian SFT), check in chunks")
     ap.add_argument("--carryover", type=int, default=0, help="m: tokens carried into each next chunk")
     ap.add_argument("--eval-terms", default="", help="min,max terms of the check problems (default: as trained)")
+    ap.add_argument("--digits", type=int, default=2, help="most digits of each integer in a sum")
+    ap.add_argument("--env", default="", choices=("", "calculator"),
+                    help="calculator: train on tool traces too, check multi-turn with the calculator")
+    ap.add_argument("--tool-share", type=float, default=0.0, help="with --env: share of problems solved with the tool")
     args = ap.parse_args()
     if args.chunk and not 0 < args.carryover < args.chunk:
         ap.error("--chunk needs 0 < --carryover < --chunk")
+    if args.env and args.chunk:
+        ap.error("--env and --chunk: one or the other")
+    if not 0 <= args.tool_share <= 1 or (args.tool_share and not args.env):
+        ap.error("--tool-share needs --env and a value in [0, 1]")
     torch.set_num_threads(1)
 
     tmp = Path(args.out).with_suffix(".tmp")
@@ -112,8 +156,9 @@ def main() -> None:
     tok = load_tokenizer(str(tmp))
     lm = (LlamaForCausalLM.from_pretrained(args.init) if args.init
           else build_model(len(tok), args.seed, args.hidden, args.layers))
-    task = RunningSumTask(args.min_terms, args.max_terms)
-    eval_task = RunningSumTask(*map(int, args.eval_terms.split(","))) if args.eval_terms else task
+    task = RunningSumTask(args.min_terms, args.max_terms, args.digits)
+    eval_task = RunningSumTask(*map(int, args.eval_terms.split(",")), args.digits) if args.eval_terms else task
+    render = environments.Observations(tok, chat_template=True)
     rng = random.Random(args.seed)
     # The SFT problems come from their own stream, so they overlap RL's train split only by chance
     # and never its held-out split (seeded differently, and RL's held-out is what we report).
@@ -122,12 +167,15 @@ def main() -> None:
     eval_ids = encode_prompts(tok, eval_problems, chat_template=True)
     scorer = ResponseLogProbs(lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    acc = 0.0
+    acc, tools = 0.0, ""
     for step in range(1, args.max_steps + 1):
         samples = [task.sample(rng) for _ in range(64)]
         problems = [p for p, _ in samples]
         rows = []
         for ids, (p, t) in zip(encode_prompts(tok, problems, True), samples):
+            if args.env and rng.random() < args.tool_share:  # no draw without --env: older builds stay as they were
+                rows += tool_rows(tok, ids, t, render)
+                continue
             solution = tok(RunningSumTask.solution(t), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             rows += markov_rows(ids, solution, args.chunk, args.carryover) if args.chunk else [Chunk(ids, solution)]
         b = collate(rows, tok.pad_token_id, "cpu")
@@ -140,15 +188,16 @@ def main() -> None:
         opt.step()
         if step % args.eval_every == 0:
             torch.manual_seed(args.seed + step)
-            acc = heldout_accuracy(lm, tok, eval_task, eval_problems, eval_ids, args.max_new_tokens,
-                                   args.chunk, args.carryover)
-            print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}", flush=True)
+            acc, calls, correct = heldout_accuracy(lm, tok, eval_task, eval_problems, eval_ids, args.max_new_tokens,
+                                                   args.chunk, args.carryover, args.env)
+            tools = f"  tool calls {calls:.3f}  correct calls {correct:.3f}" if args.env else ""
+            print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}{tools}", flush=True)
             if acc >= args.target:
                 break
     lm.save_pretrained(tmp, safe_serialization=True)
     shutil.rmtree(args.out, ignore_errors=True)
     tmp.rename(args.out)
-    print(f"saved {args.out} after {step} steps, held-out accuracy {acc:.3f}")
+    print(f"saved {args.out} after {step} steps, held-out accuracy {acc:.3f}{tools}")
 
 
 if __name__ == "__main__":

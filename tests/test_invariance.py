@@ -19,9 +19,11 @@ from config import Config
 from train import Learner, pack, padded_tokens, split_minibatches, update
 
 
-def make_episodes(seed=0, groups=3, g=4, chunked=False):
+def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
     """3 groups of 4 with ragged prompts/responses, one truncated response, mixed rewards.
-    chunked: Markovian traces, written in chunks of 3 then 2 tokens (C = 3, m = 1, h = 0)."""
+    chunked: Markovian traces, written in chunks of 3 then 2 tokens (C = 3, m = 1, h = 0).
+    turns: multi-turn traces, turns of 3 then 2 tokens, each next turn prompted with all before
+    it and 1 to 3 observation tokens."""
     rng = random.Random(seed)
     eps = []
     for gi in range(groups):
@@ -29,9 +31,15 @@ def make_episodes(seed=0, groups=3, g=4, chunked=False):
             n = rng.randint(1, 7)
             q = [rng.randint(4, 90) for _ in range(rng.randint(3, 6))]
             resp = [rng.randint(4, 90) for _ in range(n - 1)] + [1]
-            cuts = [0, 3, 5, 7] if chunked else [0, 7]
+            cuts = [0, 3, 5, 7] if chunked or turns else [0, 7]
             chunks = [Chunk(q + resp[lo - 1:lo] if lo else q, resp[lo:hi])
                       for lo, hi in zip(cuts, cuts[1:]) if resp[lo:hi]]
+            if turns:
+                context, chunks = list(q), []
+                for lo, hi in zip(cuts, cuts[1:]):
+                    if resp[lo:hi]:
+                        chunks.append(Chunk(list(context), resp[lo:hi]))
+                        context += resp[lo:hi] + [rng.randint(4, 90) for _ in range(rng.randint(1, 3))]
             eps.append(Episode(prompt_ids=q, response_ids=resp, text="", truncated=(gi, i) == (1, 2),
                                group=gi, problem=Problem("p", "0"), reward=float(rng.random() < 0.5),
                                chunks=chunks))
@@ -69,7 +77,7 @@ def one_update(model_dir, cfg, rank=0, world=1):
     ref = None
     if cfg.beta > 0:  # LoRA: the base is the reference (the scorer with the adapters off)
         ref = AdaptersOff(scorer, adapters) if adapters else ResponseLogProbs(load_model(model_dir, trainable=False))
-    episodes = make_episodes(chunked=cfg.max_chunks > 1)
+    episodes = make_episodes(chunked=cfg.max_chunks > 1, turns=bool(cfg.env))
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref, optimizer=opt, scheduler=sched, algo=algos.get(cfg.algo),
                       cfg=cfg, autocast=nullcontext, pad_id=0, rank=rank, world=world, device=torch.device("cpu"))
     metrics = update(learner, episodes)
@@ -124,7 +132,12 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": 0.0, "clip_cov_ub": 2.0}),
          ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2}),
          ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "max_chunks": 3}),
-         ("grpo", {"top_entropy_quantile": 0.2}), ("rover", {"mini_batches": 2, "top_entropy_quantile": 0.2})]
+         ("grpo", {"top_entropy_quantile": 0.2}), ("rover", {"mini_batches": 2, "top_entropy_quantile": 0.2}),
+         # multi-turn traces (docs/math.md §8): turn rows with observations in their prompts, split
+         # anywhere over micro-batches and ranks, normalised by written tokens only
+         ("grpo", {"env": "calculator"}), ("dapo", {"env": "calculator", "mask_truncated": True}),
+         ("dr_grpo", {"env": "calculator"}), ("cispo", {"env": "calculator", "mini_batches": 2}),
+         ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "env": "calculator"})]
 
 
 def config(algo, over, micro):

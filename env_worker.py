@@ -1,0 +1,246 @@
+"""Your multi-turn environment, `--env path/to/file.py:Class`, run in worker processes with a time limit,
+the way grader_pool.RewardFunction runs a --reward function: the file is never imported into the trainer.
+
+The class you write:
+
+    class Class:
+        def __init__(self, problem):      # a rewards.Problem (prompt, answer, domain, id)
+        def step(self, turn: str):        # the model's latest turn -> an object with the attributes
+            observation                   #   str: what the model sees next; None: the trace is done
+            reward                        #   None: the task grades the trace; else a finite real number
+            details                       #   optional: a dict of str -> finite real number (metrics)
+
+It must be deterministic: its state after some turns must be a function of the problem and those turns
+alone. A worker that is killed (a step past the timeout) loses every environment it held, and the next
+worker rebuilds each one when its trace next steps, by replay: Class(problem), then step(t) for every
+earlier turn t (the outputs ignored), then the step asked for.
+
+The protocol. `UserEnvironment` drives `workers` GradingWorkers (grader_pool.py), each a child process
+`python env_worker.py --env-worker FILE CLASS`. A trace's key picks its worker by a stable hash, so all of
+a trace's turns reach the worker that holds its environment. The child says "ready" once the file is
+imported (or {"error": ...} if it would not import), then answers JSON lines, one reply per request:
+
+    request  {"key": str, "problem": {Problem's fields}, "turns": [every model turn so far], "max_chars": n}
+    reply    {"observation": str | None, "reward": float | None, "details": {str: float}}
+             or {"failure": "error" | "invalid"}
+
+The child keeps, per key, the environment, the number of turns it has applied, and a digest of the
+problem and those turns; when these do not match the request (a new trace, a restarted worker, an evicted
+environment, a key reused for another trace) it rebuilds by replay. It truncates the observation to
+max_chars characters, so no megabytes cross the pipe, and drops a key's environment once its trace is
+done, after a failure (its state is unknown), or when it is the least recently used of more than
+MAX_ENVS. Your prints go to stderr (stdout carries the replies), as do the last lines of your tracebacks.
+
+The parent keeps a mirror of which environments its worker holds (the same rules, on the same requests),
+so that a step that must first replay n turns is given n + 1 timeouts, not one: a worker killed while
+holding many traces would otherwise cascade, every replay timing out and killing the next worker.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import threading
+import traceback
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+
+from grader_pool import GradingWorker
+from rewards import DataError, Problem, is_reward, plugin_spec
+
+MAX_ENVS = 4096  # live environments a worker keeps; bounds its memory whatever the number of traces
+
+
+class _Held(OrderedDict):
+    """key -> what is held for it, least recently used first; past MAX_ENVS the oldest goes. One class for
+    the child (environments) and the parent's mirror of it, so that the two evict alike."""
+
+    def put(self, key: str, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > MAX_ENVS:
+            self.popitem(last=False)
+
+
+def _digest(problem: dict, turns: list[str]) -> str:
+    """What an environment was built from: its problem and the turns it has applied."""
+    return hashlib.blake2b(json.dumps([problem, turns]).encode(), digest_size=16).hexdigest()
+
+
+class UserEnvironment:
+    """--env file.py:Class, run in `workers` processes (GradingWorker), `timeout` seconds a step (a step
+    that must first replay n earlier turns gets n + 1 timeouts; building the environment counts in its
+    first step's). The class's contract: the module docstring. Step traces from several threads to use
+    several workers at once; the traces of one worker step one at a time."""
+
+    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 2, max_chars: int = 65536):
+        if workers < 1 or timeout <= 0 or max_chars < 0:
+            raise ValueError(f"UserEnvironment: workers {workers} (>= 1), timeout {timeout} (> 0), "
+                             f"max_chars {max_chars} (>= 0)")
+        self.spec, self.max_chars = spec, max_chars
+        path, name = plugin_spec(spec) or (Path(spec), "")  # a bad spec fails check(), or each step as "error"
+        command = [sys.executable, str(Path(__file__).resolve()), "--env-worker", str(path), name]
+        self.workers = [EnvWorker(command, timeout) for _ in range(workers)]
+
+    def check(self) -> None:
+        """Read the spec and the file's syntax (without running it), then start one worker, so that a
+        file that does not import fails before any model loads. Every problem is a DataError naming the
+        file."""
+        found = plugin_spec(self.spec)
+        if found is None:
+            raise DataError(f"--env {self.spec!r}: give path/to/file.py:Class")
+        path, name = found
+        if not path.is_file():
+            raise DataError(f"--env {self.spec}: no such file {path}")
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except (SyntaxError, UnicodeDecodeError) as e:
+            raise DataError(f"--env {self.spec}: {path} is not valid Python ({e})") from None
+        if not any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body):
+            raise DataError(f"--env {self.spec}: {path} has no top-level class {name}")
+        first = self.workers[0]
+        if not first.start():
+            raise DataError(f"--env {self.spec}: its worker did not start: "
+                            f"{first.start_error or 'see the error above'}")
+
+    def step(self, key: str, problem: Problem, turns: list[str]) -> tuple[dict | None, str]:
+        """Ask the environment of trace `key` to answer its latest turn, turns[-1] (turns: every model
+        turn of this trace so far, decoded; the same key must come with the same problem and the same
+        earlier turns, or the environment is rebuilt by replay). ({"observation": str | None, "reward":
+        float | None, "details": {str: float}}, "") or (None, failure), failure "timeout" (the worker was
+        killed), "error" (the class raised, or the worker died or would not start) or "invalid" (a step
+        that broke the contract). Never raises on anything the environment does; raises ValueError on an
+        empty `turns`, the caller's bug."""
+        if not turns:
+            raise ValueError(f"UserEnvironment.step: trace {key!r} has no turn to answer")
+        worker = self.workers[zlib.crc32(key.encode("utf-8", "surrogatepass")) % len(self.workers)]
+        return worker(key, problem, turns, self.max_chars)
+
+    def close(self) -> None:
+        """Stop the workers; a later step starts them again."""
+        for worker in self.workers:
+            worker.close()
+
+
+class EnvWorker(GradingWorker):
+    """One worker process of a UserEnvironment, with the parent's mirror of the environments it holds."""
+
+    def __init__(self, command: list[str], timeout: float):
+        super().__init__(command, timeout)
+        self._held: _Held = _Held()  # key -> digest, as the child holds it
+        self._held_by = None  # the worker process the mirror describes
+        self._step_lock = threading.Lock()  # the mirror is read before a request and updated after it
+
+    def __call__(self, key: str, problem: Problem, turns: list[str], max_chars: int) -> tuple[dict | None, str]:
+        fields = dataclasses.asdict(problem)
+        with self._step_lock:
+            if self._proc is None or self._proc is not self._held_by:  # a new worker holds nothing yet
+                self._held.clear()
+            held = self._held.get(key) == _digest(fields, turns[:-1])
+            request = {"key": key, "problem": fields, "turns": turns, "max_chars": max_chars}
+            reply, failure = self.ask(request, limit=self.timeout * (1 if held else len(turns)))
+            self._held_by = self._proc
+            if reply is None or "failure" in reply or reply["observation"] is None:
+                self._held.pop(key, None)  # the child dropped it (or died)
+            else:
+                self._held.put(key, _digest(fields, turns))
+        if reply is None:
+            return None, failure
+        if "failure" in reply:
+            return None, reply["failure"]
+        return reply, ""
+
+
+# ----------------------------------------------------------------------------- the child
+
+class _Invalid(Exception):
+    """A step's result that breaks the contract; the message says how."""
+
+
+def _number(value) -> float | None:
+    """value as a float when it is a finite real number (rewards.is_reward: bool and numpy scalars too)."""
+    try:
+        return float(value) if is_reward(value) else None
+    except OverflowError:  # an int past float's range: math.isfinite cannot take it
+        return None
+
+
+def _checked(result, max_chars: int) -> dict:
+    """A step's result as the reply, of plain types, the observation truncated to max_chars; raises _Invalid."""
+    missing = object()
+    observation = getattr(result, "observation", missing)
+    reward = getattr(result, "reward", missing)
+    details = getattr(result, "details", None)
+    if observation is missing or reward is missing:
+        raise _Invalid(f"step returned {type(result).__name__}, with no observation or reward attribute")
+    if observation is not None and not isinstance(observation, str):
+        raise _Invalid(f"observation is {type(observation).__name__}, not str or None")
+    number = None if reward is None else _number(reward)
+    if reward is not None and number is None:
+        raise _Invalid(f"reward {reward!r:.100} is not None or a finite real number")
+    details = {} if details is None else details
+    if not (isinstance(details, dict) and all(isinstance(k, str) for k in details)):
+        raise _Invalid("details is not a dict of str -> finite real number")
+    numbers = {str.__str__(k): _number(v) for k, v in details.items()}
+    if None in numbers.values():
+        raise _Invalid("details is not a dict of str -> finite real number")
+    # str.__str__: a str subclass as a plain str, whatever its own __str__ or slicing does
+    return {"observation": None if observation is None else str.__str__(observation)[:max_chars],
+            "reward": number, "details": numbers}
+
+
+def _answer(envs: _Held, cls, request: dict, path: str) -> str:
+    """The reply to one request, as a JSON line, rebuilding the key's environment by replay when it is not held."""
+    key, fields, turns = request["key"], request["problem"], request["turns"]
+    earlier = _digest(fields, turns[:-1])
+    env = None
+    try:
+        held = envs.pop(key, None)
+        if held is not None and held[1] == earlier:
+            env = held[0]
+        else:
+            env = cls(Problem(**fields))
+            for turn in turns[:-1]:
+                env.step(turn)
+        reply = _checked(env.step(turns[-1]), request["max_chars"])
+    except _Invalid as e:
+        print(f"env_worker: {path} trace {key!r:.200}: invalid step: {e}", file=sys.stderr, flush=True)
+        return json.dumps({"failure": "invalid"})
+    except Exception as e:  # noqa: BLE001 - a bug in the environment fails its trace, not the worker
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        print(f"env_worker: {path} trace {key!r:.200}: {last}", file=sys.stderr, flush=True)
+        return json.dumps({"failure": "error"})
+    if reply["observation"] is not None:  # a done trace, or a failed one (its state unknown), is dropped
+        envs.put(key, (env, _digest(fields, turns)))
+    return json.dumps(reply)
+
+
+def _env_worker(path: str, name: str) -> None:
+    """The child side of UserEnvironment: requests in, replies out, one JSON line each."""
+    replies = os.fdopen(os.dup(1), "w")  # the protocol keeps the real stdout; the environment's prints go to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        module_spec = importlib.util.spec_from_file_location("rlvr_env", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module  # dataclasses (a Step of your own) look classes up by module
+        module_spec.loader.exec_module(module)
+        cls = getattr(module, name, None)
+        if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
+            raise TypeError(f"{name} is not a class with a step method")
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the file
+        print(json.dumps({"error": f"importing {path} failed: {type(e).__name__}: {e}"}), file=replies, flush=True)
+        return
+    print(json.dumps("ready"), file=replies, flush=True)
+    envs = _Held()
+    for line in sys.stdin:
+        print(_answer(envs, cls, json.loads(line), path), file=replies, flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--env-worker"]:
+    _env_worker(*sys.argv[2:4])

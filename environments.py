@@ -1,0 +1,268 @@
+"""Multi-turn rollouts: the environment seam, and two built-in tools (`--env`).
+
+A trace is the model's turns interleaved with observations:
+
+    prompt (the task's) -> turn 1 -> observation 1 -> turn 2 -> ... -> turn k (done)
+
+After each turn that ends with a stop id, the trace's environment reads the turn (decoded text) and
+answers with a `Step`: an observation to append (a tool's output) and the model writes the next
+turn, or `observation=None`: the trace is done, with the environment's reward or, when it gives
+none, the task's grade of the last turn. The observation is rendered as a "tool" message of the
+model's chat template when the template has one (Qwen2.5's, Llama 3's, the tiny model's), else
+appended as plain text; its tokens are context for the next turn and never trained (rollout.py:
+every turn is a training row whose prompt holds all that came before, docs/math.md §8).
+
+    --env calculator          a turn holding <calc>EXPR</calc> gets EXPR's exact value back
+    --env python              a turn holding a ```python block gets the program's stdout back
+    --env path/file.py:Class  your own: Class(problem) with step(turn) -> Step, run in worker
+                              processes (env_worker.py), bounded like a --reward function
+
+Why this interface: it is tinker-cookbook's `Env` (an initial observation, then `step(action)` ->
+reward, done, next observation) without the first call, because the task already makes each
+problem's first prompt (its template, the chat template), so an environment only has to answer
+turns; and it takes and returns text, because tools read text, while the token bookkeeping (the
+chat template, the caps, the mask) stays in one place, here and in rollout.py. One environment
+object per trace, so a tool may keep state across the turns of its trace.
+
+Bounds: a turn cap (--max-turns), an observation cap in tokens (--max-observation-tokens), and a
+context cap per trace (--max-trace-tokens). An environment that raises, hangs (--env-timeout, for
+a user's class), answers with something else than a Step of text, or returns megabytes ends its
+trace with reward 0, counted in env/failures; the run goes on. Logged per trace, averaged:
+turns/mean, tools/calls, tools/errors, tools/correct (calls whose value equals the gold answer),
+length/observation (observation tokens), env/failures.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithmetic, plugin_spec
+
+BUILT_IN = ("calculator", "python")
+
+
+@dataclass
+class Step:
+    """An environment's answer to one turn."""
+    observation: str | None = None  # text the model reads next (a tool's output); None: the trace is done
+    reward: float | None = None  # when done: the trace's reward; None: the task grades the last turn
+    details: dict = field(default_factory=dict)  # numbers to log, summed over the trace's turns
+
+
+class Environment:
+    """The world of one trace, built with its problem. The default answers every turn with "done":
+    a single-turn rollout, graded by the task."""
+
+    plain = ("", "")  # the text around an observation where the chat template has no tool role
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    def step(self, turn: str) -> Step:
+        """The model's latest turn (decoded, special tokens dropped) -> what happens next."""
+        return Step()
+
+
+class ToolEnvironment(Environment):
+    """A turn that calls the tool gets the tool's output back; a turn without a call ends the trace
+    (the task grades it). Subclasses say what a call looks like (`call`) and run it (`run`)."""
+
+    def call(self, turn: str) -> str | None:
+        raise NotImplementedError
+
+    def run(self, code: str) -> tuple[str, bool]:
+        """(output, whether the tool failed)."""
+        raise NotImplementedError
+
+    def step(self, turn: str) -> Step:
+        code = self.call(turn)
+        if code is None:
+            return Step()
+        output, failed = self.run(code)
+        correct = not failed and output.strip() == self.problem.answer.strip()
+        return Step(output, details={"tools/calls": 1, "tools/errors": int(failed), "tools/correct": int(correct)})
+
+
+class Calculator(ToolEnvironment):
+    """<calc>EXPR</calc>: + - * / ( ) over integers, exact (rewards.parse_arithmetic: a bounded
+    parser, never Python's eval). "<calc>4821+9377</calc>" -> "14198"; "<calc>1/3+1/6</calc>" -> "1/2";
+    "<calc>1/0</calc>" -> "error: division by zero". The last call of a turn is run."""
+
+    MAX_CHARS = 200  # longer expressions are refused before parsing
+    plain = ("<result>", "</result>")
+
+    def call(self, turn: str) -> str | None:
+        calls = re.findall(r"<calc>(.*?)</calc>", turn, re.S)
+        return calls[-1] if calls else None
+
+    def run(self, code: str) -> tuple[str, bool]:
+        if len(code) > self.MAX_CHARS:
+            return f"error: longer than {self.MAX_CHARS} characters", True
+        try:
+            value, _ = parse_arithmetic(code)
+        except ExpressionError as e:
+            return f"error: {e}", True
+        return str(value), False  # Fraction's str: "14198", "1/2"
+
+
+class PythonTool(ToolEnvironment):
+    """A ```python block: the program runs in the sandbox (sandbox.py: its own process, limits,
+    namespaces where the machine has them) and its stdout comes back, with its stderr's last line
+    when it fails (the model may fix its code); a program the sandbox has to kill (time, output)
+    ends the trace with reward 0. The last block of a turn is run, as a fresh program: no state is kept between
+    the calls of a trace (a long-lived interpreter per trace would be a process per trace outliving
+    its turns; a model that needs earlier values writes them again, as in the ToRL recipe's
+    one-shot runs)."""
+
+    box = None  # one Sandbox per process, made on first use: code_grader.code_sandbox's choice
+    plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
+
+    def call(self, turn: str) -> str | None:
+        blocks = re.findall(r"```python\n(.*?)```", turn, re.S)
+        return blocks[-1] if blocks else None
+
+    def run(self, code: str) -> tuple[str, bool]:
+        if PythonTool.box is None:
+            from code_grader import code_sandbox
+            from sandbox import Limits
+            PythonTool.box = code_sandbox("auto", Limits(timeout=5.0, memory=512 << 20, stdout=64 << 10))[0]
+        result = PythonTool.box.run(code)
+        if result.killed:  # past the time or output limit, or never started: the trace ends, scored 0
+            raise EnvironmentFailed(f"the sandbox ended the program: {result.killed}")
+        out = result.stdout.decode(errors="replace")
+        if result.ok:
+            return out, False
+        return (out + (result.stderr.decode(errors="replace").strip().splitlines() or ["error"])[-1]).strip(), True
+
+
+# ----------------------------------------------------------------------------- a user's environment
+
+class UserStep(Environment):
+    """One trace of a `--env file.py:Class`: its turns go to env_worker.UserEnvironment, which runs
+    the class in a worker process, bounded; a failure there is a failed Step (Session counts it)."""
+
+    keys = itertools.count()
+
+    def __init__(self, problem: Problem, pool):
+        super().__init__(problem)
+        self.pool, self.key, self.turns = pool, f"trace-{next(UserStep.keys)}", []
+
+    def step(self, turn: str) -> Step:
+        self.turns.append(turn)
+        reply, failure = self.pool.step(self.key, self.problem, self.turns)
+        if reply is None:
+            raise EnvironmentFailed(failure)
+        return Step(reply["observation"], reply["reward"], reply["details"])
+
+
+class EnvironmentFailed(Exception):
+    """An environment's step failed: raised, timed out, or answered with something else than a Step."""
+
+
+# ----------------------------------------------------------------------------- the rollout's side
+
+@dataclass
+class Turns:
+    """How far a multi-turn trace may go (rollout.interact)."""
+    max_turns: int = 4  # model turns per trace at most
+    max_observation_tokens: int = 256  # tokens of one observation's text (the template's framing comes on top)
+    max_tokens: int = 0  # a trace's context at most: query + turns + observations + the next turn's budget; 0 = no cap
+
+
+class Session:
+    """One trace's environment as the rollout drives it: each turn's text in, the observation's
+    token ids out (None: done), every failure caught and counted. details: the trace's numbers."""
+
+    MAX_CHARS_PER_TOKEN = 16  # an observation is cut to this many characters per allowed token before tokenising
+
+    def __init__(self, env: Environment, render: "Observations", cap: int):
+        self.env, self.render, self.cap = env, render, cap
+        self.reward: float | None = None  # the environment's reward for the trace, if it gave one
+        self.cut = False  # the rollout's caps stopped the trace while the environment still answered
+        self.details = {"tools/calls": 0, "tools/errors": 0, "tools/correct": 0, "length/observation": 0,
+                        "env/failures": 0}
+
+    def answer(self, turn: str) -> list[int] | None:
+        try:
+            step = self.env.step(turn)
+            if not isinstance(step, Step):
+                raise EnvironmentFailed(f"step returned {type(step).__name__}, not a Step")
+            if step.observation is not None and not isinstance(step.observation, str):
+                raise EnvironmentFailed(f"observation is {type(step.observation).__name__}, not text")
+            if step.reward is not None and not is_reward(step.reward):
+                raise EnvironmentFailed(f"reward {step.reward!r} is not a number")
+            for name, value in step.details.items():
+                self.details[name] = self.details.get(name, 0) + float(value)
+        except Exception:  # noqa: BLE001 - an environment's bug ends its trace, never the run
+            self.reward, self.details["env/failures"] = 0.0, 1
+            return None
+        if step.observation is None:
+            self.reward = None if step.reward is None else float(step.reward)
+            return None
+        ids = self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
+        self.details["length/observation"] += len(ids)
+        return ids
+
+
+class Observations:
+    """An observation's token ids as the next turn's context: a "tool" message of the chat template
+    (what follows the assistant's end-of-turn, up to and including the next assistant header), or
+    the plain text where the template has no tool role (or chat templates are off)."""
+
+    SENTINEL = "\x00TURN\x00"
+
+    def __init__(self, tokenizer, chat_template: bool):
+        self.tokenizer, self.frame = tokenizer, None
+        if chat_template and tokenizer.chat_template:
+            self.frame = tool_frame(tokenizer, self.SENTINEL)
+
+    def __call__(self, text: str, cap: int, plain: tuple[str, str]) -> list[int]:
+        """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > cap:
+            text = self.tokenizer.decode(ids[:cap])
+        before, after = self.frame or plain
+        return self.tokenizer(before + text + after, add_special_tokens=False)["input_ids"]
+
+
+def tool_frame(tokenizer, sentinel: str) -> tuple[str, str] | None:
+    """The text the chat template puts around a tool message after an assistant turn ends, up to
+    the next assistant header; None when the template has no tool role. The tiny model's template:
+    ("<|tool|>", "<|assistant|>") (its assistant turn ends with <eos>, the token the model wrote)."""
+    turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": sentinel}]
+    try:
+        closed = tokenizer.apply_chat_template(turn, tokenize=False)
+        framed = tokenizer.apply_chat_template(turn + [{"role": "tool", "content": sentinel * 2}],
+                                               add_generation_prompt=True, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses the tool role has none
+        return None
+    if not framed.startswith(closed[:closed.index(sentinel)]) or sentinel * 2 not in framed:
+        return None
+    # what follows the assistant's text: its end-of-turn (written by the model: its stop id), then the frame
+    rest = framed[framed.index(sentinel) + len(sentinel):]
+    eos = tokenizer.decode(stop_id_of(tokenizer))
+    rest = rest[len(eos):] if eos and rest.startswith(eos) else rest
+    before, _, after = rest.partition(sentinel * 2)
+    return before, after
+
+
+def stop_id_of(tokenizer) -> list[int]:
+    """The stop id an assistant turn ends with: the first of model.load_tokenizer's list, or EOS."""
+    return (getattr(tokenizer, "stop_ids", None) or [tokenizer.eos_token_id])[:1]
+
+
+def environments(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0):
+    """--env spec -> a function problem -> Session (None for "", the single-turn rollout)."""
+    if not spec:
+        return None
+    render = Observations(tokenizer, chat_template)
+    if spec in BUILT_IN:
+        cls = {"calculator": Calculator, "python": PythonTool}[spec]
+        return lambda problem: Session(cls(problem), render, turns.max_observation_tokens)
+    if plugin_spec(spec) is None:
+        raise DataError(f"--env {spec!r}: give {', '.join(BUILT_IN)} or path/to/file.py:Class")
+    from env_worker import UserEnvironment
+    pool = UserEnvironment(spec, timeout=timeout, max_chars=turns.max_observation_tokens * Session.MAX_CHARS_PER_TOKEN)
+    pool.check()
+    return lambda problem: Session(UserStep(problem, pool), render, turns.max_observation_tokens)

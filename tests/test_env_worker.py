@@ -1,0 +1,206 @@
+"""env_worker.UserEnvironment: a multi-turn environment of your own (--env file.py:Class) runs bounded in
+worker processes; its state lives there, survives across turns, and is rebuilt by replay when a worker is
+killed; whatever a hostile environment does fails its own step, counted, and the next step works."""
+import threading
+import time
+
+import pytest
+
+import env_worker
+from env_worker import UserEnvironment
+from rewards import DataError, Problem
+
+ENV = '''
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+print("a print at import must not reach the protocol")
+
+
+@dataclass
+class Step:
+    observation: str | None
+    reward: float | None = None
+    details: dict = field(default_factory=dict)
+
+
+class Echo:
+    """Its observation shows its worker, how many environments that worker has built, and every turn so
+    far (its state); a turn's text asks for each way a hostile environment can fail."""
+    built = 0
+
+    def __init__(self, problem):
+        if problem.prompt == "bad problem":
+            raise RuntimeError("no such problem")
+        Echo.built += 1
+        self.problem, self.seen = problem, []
+
+    def step(self, turn):
+        print("a stray print must not reach the protocol")
+        self.seen.append(turn)
+        if turn == "raise":
+            raise ValueError("environment bug")
+        if turn == "hang":
+            time.sleep(1000)
+        if turn == "slow":
+            time.sleep(0.4)
+        if turn == "exit":
+            os._exit(3)
+        if turn == "huge":
+            return Step("x" * 5_000_000)
+        invalid = {"int": Step(7), "bytes": Step(b"obs"), "nan": Step("o", float("nan")),
+                   "string reward": Step("o", "1"), "huge int": Step("o", 10 ** 400),
+                   "bad details": Step("o", None, {"k": "v"}), "details keys": Step("o", None, {1: 2.0}),
+                   "dict": {"observation": "o", "reward": None}}
+        if turn in invalid:
+            return invalid[turn]
+        if turn == "done":
+            return Step(None, 1.0 if self.problem.answer in self.seen else 0.0, {"turns": len(self.seen)})
+        return Step(f"{os.getpid()} built={Echo.built} {self.problem.id}:{'|'.join(self.seen)}",
+                    None if turn != "bool" else True, {"chars": len(turn)})
+'''
+
+
+@pytest.fixture
+def env_file(tmp_path):
+    path = tmp_path / "echo_env.py"
+    path.write_text(ENV)
+    return path
+
+
+def open_env(path, **kwargs) -> UserEnvironment:
+    env = UserEnvironment(f"{path}:Echo", **kwargs)
+    env.check()
+    return env
+
+
+def seen(reply) -> tuple[str, str, str]:
+    """(worker pid, environments built, "id:turn|turn|...") of a reply's observation."""
+    pid, built, rest = reply["observation"].split(" ", 2)
+    return pid, built, rest
+
+
+def worker_of(env: UserEnvironment, key: str):
+    return env.workers[env_worker.zlib.crc32(key.encode()) % len(env.workers)]
+
+
+def test_three_turns_keep_state_in_one_worker_and_end_graded(env_file):
+    env = open_env(env_file, timeout=2.0, workers=2)
+    p = Problem("Say t2", "t2", id="p1")
+    try:
+        first, failure = env.step("a", p, ["t1"])
+        assert failure == "" and first["reward"] is None and first["details"] == {"chars": 2.0}
+        second, _ = env.step("a", p, ["t1", "t2"])
+        # the same environment answered: same worker, no second construction, both turns in its state
+        assert seen(second) == (seen(first)[0], "built=1", "p1:t1|t2")
+        done, failure = env.step("a", p, ["t1", "t2", "done"])
+        assert (done, failure) == ({"observation": None, "reward": 1.0, "details": {"turns": 3.0}}, "")
+        again, _ = env.step("a", p, ["t1", "t2", "done", "t4"])
+        assert seen(again)[1:] == ("built=2", "p1:t1|t2|done|t4")  # the done trace was dropped: rebuilt by replay
+        assert env.step("b", p, ["bool"])[0]["reward"] == 1.0  # a bool is a reward, as rewards.is_reward says
+    finally:
+        env.close()
+
+
+def test_a_killed_worker_loses_nothing_replay_rebuilds_each_trace(env_file):
+    env = open_env(env_file, timeout=1.0, workers=1)
+    p, q = Problem("one", "", id="p"), Problem("two", "", id="q")
+    try:
+        for n in (1, 2, 3):
+            before, failure = env.step("a", p, ["slow"] * n)
+            assert failure == ""
+        assert env.step("b", q, ["hang"]) == (None, "timeout")  # kills the one worker, and with it a's state
+        start = time.monotonic()
+        after, failure = env.step("a", p, ["slow"] * 3 + ["t4"])
+        # a fresh worker rebuilt a by replaying 3 slow turns (1.2 s): given a timeout per replayed turn, not one
+        assert failure == "" and time.monotonic() - start > 1.2
+        assert seen(after)[0] != seen(before)[0] and seen(after)[1:] == ("built=1", "p:slow|slow|slow|t4")
+        # a key that comes back with other earlier turns (another trace) is rebuilt from those, not continued
+        other, _ = env.step("a", q, ["x", "t5"])
+        assert seen(other)[1:] == ("built=2", "q:x|t5")
+        assert seen(env.step("b", q, ["t1"])[0])[1:] == ("built=3", "q:t1")  # the timed-out trace starts over
+    finally:
+        env.close()
+
+
+def test_a_hostile_environment_fails_its_own_step_and_the_next_step_works(env_file):
+    env = open_env(env_file, timeout=1.0, workers=2, max_chars=1000)
+    p = Problem("Say t2", "t2", id="p1")
+    try:
+        assert env.step("k", p, ["raise"]) == (None, "error")
+        assert env.step("k", Problem("bad problem", ""), ["t1"]) == (None, "error")  # the constructor raised
+        for turn in ("int", "bytes", "nan", "string reward", "huge int", "bad details", "details keys", "dict"):
+            assert env.step("k", p, [turn]) == (None, "invalid"), turn
+        # a failed step leaves its environment in an unknown state: the trace's next step rebuilds it
+        built = int(seen(env.step("r", p, ["t1"])[0])[1].removeprefix("built="))
+        assert env.step("r", p, ["t1", "int"]) == (None, "invalid")
+        assert seen(env.step("r", p, ["t1", "int", "t3"])[0])[1:] == (f"built={built + 1}", "p1:t1|int|t3")
+        assert env.step("r", p, ["t1", "raise"]) == (None, "error")
+        assert env.step("r", p, ["t1", "raise", "t3"]) == (None, "error")  # its replay raises again
+        huge, failure = env.step("k", p, ["huge"])
+        assert failure == "" and huge["observation"] == "x" * 1000
+        start = time.monotonic()
+        assert env.step("k", p, ["hang"]) == (None, "timeout")
+        assert time.monotonic() - start < 2.5
+        assert env.step("k", p, ["exit"]) == (None, "error")  # the worker died under it
+        fine, failure = env.step("k", p, ["t1"])  # every print went to stderr; the restarted worker answers
+        assert failure == "" and seen(fine)[2] == "p1:t1"
+    finally:
+        env.close()
+
+
+def test_a_hanging_trace_holds_up_its_worker_only(env_file):
+    env = open_env(env_file, timeout=1.5, workers=2)
+    p = Problem("x", "")
+    keys = [f"trace-{i}" for i in range(20)]
+    slow = keys[0]
+    fast = next(k for k in keys if worker_of(env, k) is not worker_of(env, slow))
+    try:
+        env.workers[1].start()
+        hung = []
+        thread = threading.Thread(target=lambda: hung.append(env.step(slow, p, ["hang"])))
+        thread.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        assert env.step(fast, p, ["t1"])[1] == ""
+        assert time.monotonic() - start < 1.0  # answered while the other worker hangs
+        thread.join()
+        assert hung == [(None, "timeout")]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("source,spec,message", [
+    (None, "{dir}/missing.py:Echo", "no such file"),
+    ("def Echo(problem):\n    pass\n", "{dir}/env.py:Echo", "has no top-level class Echo"),
+    ("class Echo:\n    def step(self, turn)\n", "{dir}/env.py:Echo", "is not valid Python"),
+    ("import not_a_module_anywhere\nclass Echo:\n    pass\n", "{dir}/env.py:Echo",
+     "its worker did not start: importing .*env.py failed: ModuleNotFoundError: No module named 'not_a_module"),
+    ("class Echo:\n    pass\n", "{dir}/env.py:Echo", "Echo is not a class with a step method"),
+    ("class Echo:\n    def step(self, turn):\n        pass\n", "{dir}/env.py", "give path/to/file.py:Class"),
+])
+def test_a_bad_environment_file_is_a_data_error_naming_it(source, spec, message, tmp_path):
+    if source is not None:
+        (tmp_path / "env.py").write_text(source)
+    env = UserEnvironment(spec.format(dir=tmp_path), timeout=1.0)
+    try:
+        with pytest.raises(DataError, match=f"--env .*{tmp_path}.*{message}"):
+            env.check()
+        assert env.step("k", Problem("x", ""), ["t1"]) == (None, "error")  # unchecked, a step still never raises
+    finally:
+        env.close()
+
+
+def test_steps_need_a_turn_and_envs_are_bounded():
+    env = UserEnvironment("nowhere.py:Echo")
+    with pytest.raises(ValueError, match="no turn to answer"):
+        env.step("k", Problem("x", ""), [])
+    held = env_worker._Held()
+    for i in range(env_worker.MAX_ENVS):
+        held.put(str(i), i)
+    held.put("0", 0)  # used again: now the newest
+    held.put("new", -1)
+    assert len(held) == env_worker.MAX_ENVS and "1" not in held and "0" in held and "new" in held

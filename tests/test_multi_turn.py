@@ -1,0 +1,342 @@
+"""Multi-turn rollouts (environments.py, rollout.interact, docs/math.md §8): observations are context,
+never loss; every normaliser counts only the tokens the policy wrote; the built-in tools; the
+engine writes what HF generate writes, turn after turn."""
+from contextlib import nullcontext
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import algos
+from config import Config
+from environments import (Calculator, Environment, Observations, PythonTool, Session, Step, Turns, environments,
+                          tool_frame)
+from model import ResponseLogProbs, load_model, load_tokenizer
+from rewards import Problem
+from rollout import Chunk, Episode, Sampling, collate, generate
+from test_engine import PAD, frequent_token, prompts, random_lm
+from train import Learner, update
+
+TINY = "assets/tiny-running-sum"
+
+
+# ----------------------------------------------------------------------------- observations and tools
+
+def test_observation_is_the_templates_tool_message_after_the_models_own_end_of_turn():
+    """The tiny model's template puts <eos> after an assistant turn (the model writes it: its stop id),
+    then <|tool|>…, then the next <|assistant|> header; without a chat template the tool's plain frame."""
+    tok = load_tokenizer(TINY)
+    assert tool_frame(tok, "\x00S\x00") == ("<|tool|>", "<|assistant|>")
+    framed = Observations(tok, chat_template=True)("579", 8, Calculator.plain)
+    assert tok.decode(framed) == "<|tool|>579<|assistant|>"
+    assert framed[-1] == tok.convert_tokens_to_ids("<|assistant|>")  # a special token, not characters
+    plain = Observations(tok, chat_template=False)("579", 8, Calculator.plain)
+    assert tok.decode(plain) == "<result>579</result>"
+    # the cap counts the observation's own tokens (one per character here), not the frame's
+    assert tok.decode(Observations(tok, chat_template=True)("123456789", 4, ("", ""))) == "<|tool|>1234<|assistant|>"
+
+
+def test_a_template_without_a_tool_role_falls_back_to_plain_text():
+    tok = load_tokenizer(TINY)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+                         "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
+    assert tool_frame(tok, "\x00S\x00") is None
+    assert tok.decode(Observations(tok, True)("7", 8, PythonTool.plain)) == "```output\n7\n```\n"
+
+
+@pytest.mark.parametrize("turn,output,failed", [
+    ("so <calc>4821+9377</calc>", "14198", False),
+    ("<calc>1/3+1/6</calc> then <calc>(2+3)*4</calc>", "20", False),  # the last call is run
+    ("<calc>1/3 + 1/6</calc>", "1/2", False),  # exact rationals
+    ("<calc>1/0</calc>", "error: division by zero", True),
+    ("<calc>__import__('os')</calc>", None, True),  # never Python's eval
+    ("<calc>" + "9" * 300 + "</calc>", "error: longer than 200 characters", True),
+    ("<calc>" + "(" * 150 + "1" + ")" * 150 + "</calc>", None, True),  # too deep for the bounded parser
+])
+def test_calculator_is_exact_and_bounded(turn, output, failed):
+    step = Calculator(Problem("p", "14198")).step(turn)
+    assert step.details["tools/calls"] == 1 and step.details["tools/errors"] == int(failed)
+    assert step.details["tools/correct"] == int(output == "14198")
+    if output is not None:
+        assert step.observation == output
+    assert failed == step.observation.startswith("error:")
+
+
+def test_a_turn_without_a_call_ends_the_trace():
+    assert Calculator(Problem("p", "3")).step("<answer>3</answer>") == Step()
+    assert PythonTool(Problem("p", "3")).step("print(3) outside a fence") == Step()
+
+
+def test_python_tool_runs_the_block_in_the_sandbox():
+    env = PythonTool(Problem("p", "42"))
+    step = env.step("Let me compute.\n```python\nprint(6 * 7)\n```")
+    assert step.observation == "42\n" and step.details == {"tools/calls": 1, "tools/errors": 0, "tools/correct": 1}
+    crashed = env.step("```python\nprint(1)\nraise ValueError('bad')\n```")
+    assert crashed.observation.startswith("1\n") and "ValueError: bad" in crashed.observation
+    assert crashed.details["tools/errors"] == 1
+    # limits the program meets as exceptions come back as its error, counted: memory, processes
+    greedy = env.step("```python\nx = 'x' * (1 << 40)\n```")
+    assert greedy.observation == "MemoryError" and greedy.details["tools/errors"] == 1
+    bomb = env.step("```python\nimport os\nwhile True: os.fork()\n```")
+    assert bomb.observation.startswith("BlockingIOError") and bomb.details["tools/errors"] == 1
+
+
+@pytest.mark.parametrize("program", [
+    "while True: pass",  # past the wall-clock limit
+    "while True: print('x' * 65536)",  # past the output cap
+])
+def test_hostile_tool_code_ends_the_trace_with_reward_0_counted(program):
+    tok = load_tokenizer(TINY)
+    session = Session(PythonTool(Problem("p", "1")), Observations(tok, True), 32)
+    assert session.answer(f"```python\n{program}\n```") is None
+    assert session.reward == 0.0 and session.details["env/failures"] == 1
+
+
+class Hostile(Environment):
+    def __init__(self, problem, answer):
+        super().__init__(problem)
+        self.answer = answer
+
+    def step(self, turn):
+        return self.answer()
+
+
+def boom():
+    raise RuntimeError("environment bug")
+
+
+@pytest.mark.parametrize("answer", [boom, lambda: "text, not a Step", lambda: Step(observation=b"bytes"),
+                                    lambda: Step(observation=None, reward=float("nan")),
+                                    lambda: Step(observation=None, reward="1"), lambda: Step("x", details={"a": "b"})],
+                         ids=["raises", "not-a-step", "bytes", "nan-reward", "text-reward", "text-detail"])
+def test_a_failing_environment_ends_its_trace_with_reward_0_counted(answer):
+    session = Session(Hostile(Problem("p", "1"), answer), Observations(load_tokenizer(TINY), True), 32)
+    assert session.answer("anything") is None
+    assert session.reward == 0.0 and session.details["env/failures"] == 1
+
+
+def test_megabytes_of_observation_are_cut_before_tokenising():
+    tok = load_tokenizer(TINY)
+    session = Session(Hostile(Problem("p", "1"), lambda: Step("7" * (8 << 20))), Observations(tok, True), 32)
+    ids = session.answer("go")
+    assert tok.decode(ids) == "<|tool|>" + "7" * 32 + "<|assistant|>"
+    assert session.details["length/observation"] == len(ids)
+
+
+def test_an_unknown_env_is_named():
+    with pytest.raises(ValueError, match="calculator, python or path/to/file.py:Class"):
+        environments("abacus", Turns(), load_tokenizer(TINY), True)
+
+
+# ----------------------------------------------------------------------------- the rollout loop
+
+class Scripted:
+    """A session answering each turn with the next observation ids, then done (None)."""
+
+    def __init__(self, observations, reward=None):
+        self.observations, self.reward, self.cut = list(observations), reward, False
+        self.details, self.seen = {"tools/calls": 0}, []
+
+    def answer(self, turn):
+        self.seen.append(turn)
+        if not self.observations:
+            return None
+        self.details["tools/calls"] += 1
+        return self.observations.pop(0)
+
+
+def fake_tokenizer(eos):
+    return SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, **_: " ".join(map(str, ids)))
+
+
+def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observation(monkeypatch):
+    """Turn rows as rollout.interact writes them, with `sample` scripted: q [1, 2]; turn 1 [7, eos],
+    observation [5, 6]; turn 2 [8, eos] -> rows ([1, 2] -> [7, eos]), ([1, 2, 7, eos, 5, 6] -> [8, eos]);
+    the response is only what the model wrote; the grader reads the last turn."""
+    import rollout
+    eos = 3
+    turns = iter([[([7, eos], [-0.1, -0.2]), ([9, 9, eos], [-0.3, -0.4, -0.5])], [([8, eos], [-0.6, -0.7])]])
+    monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: next(turns)[:len(rows)])
+    sessions = [Scripted([[5, 6]]), Scripted([])]
+    episodes = generate(None, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=2,
+                        sampling=Sampling(max_new_tokens=4), environment=lambda p: sessions.pop(0),
+                        turns=Turns(max_turns=3))
+    a, b = episodes
+    assert [(c.prompt_ids, c.response_ids, c.sampler_logp) for c in a.chunks] == [
+        ([1, 2], [7, eos], [-0.1, -0.2]), ([1, 2, 7, eos, 5, 6], [8, eos], [-0.6, -0.7])]
+    assert a.response_ids == [7, eos, 8, eos] and a.text == f"8 {eos}" and not a.truncated
+    assert a.transcript == f"7 {eos} 5 6 8 {eos}" and a.details == {"tools/calls": 1, "turns/mean": 2}
+    assert [c.response_ids for c in b.chunks] == [[9, 9, eos]] and b.details["turns/mean"] == 1
+
+
+@pytest.mark.parametrize("caps,turns_written", [(Turns(max_turns=2), 2), (Turns(max_turns=5, max_tokens=12), 2)])
+def test_caps_end_a_trace_as_truncated(monkeypatch, caps, turns_written):
+    """An environment that always answers: the turn cap, or the context cap, stops the trace, truncated."""
+    import rollout
+    eos = 3
+    monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, eos], [0.0, 0.0])] * len(rows))
+    episodes = generate(None, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=1,
+                        sampling=Sampling(max_new_tokens=4), environment=lambda p: Scripted([[5, 6, 6]] * 9),
+                        turns=caps)
+    # contexts: 2, then 2 + 2 + 3 = 7 (7 + 4 ≤ 12: a 2nd turn), then 7 + 5 = 12 (12 + 4 > 12: cut)
+    assert len(episodes[0].chunks) == turns_written and episodes[0].truncated
+
+
+def test_a_turn_cut_by_max_new_tokens_ends_the_trace_without_asking_the_environment(monkeypatch):
+    import rollout
+    monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, 7], [0.0, 0.0])] * len(rows))
+    session = Scripted([[5]])
+    [e] = generate(None, fake_tokenizer(3), [Problem("p", "1")], [[1, 2]], group_size=1,
+                   sampling=Sampling(max_new_tokens=2), environment=lambda p: session, turns=Turns())
+    assert len(e.chunks) == 1 and e.truncated and session.seen == []
+
+
+def test_the_environments_reward_replaces_the_graders():
+    from rewards import Verdict
+    e = Episode([1], [2], "t", False, 0, Problem("p", "1"), details={"tools/calls": 1})
+    e.settle(Verdict(1.0, "1", details={"code/x": 0.5}))
+    assert e.reward == 1.0 and e.details == {"tools/calls": 1, "code/x": 0.5}
+    e.env_reward = 0.25
+    e.settle(Verdict(1.0, "1", failure="timeout"))
+    assert e.reward == 0.25 and e.grader_failed
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch):
+    """Random models; a frequent token as EOS, so that turns end at different steps; every trace gets
+    two observations of different lengths, so the third turn's contexts are ragged."""
+    lm = random_lm(arch)
+    queries = prompts([3, 9, 5, 7])
+    greedy = Sampling(temperature=0, max_new_tokens=10, engine="fast")
+    from rollout import sample
+    eos = frequent_token([t for t, _ in sample(lm, fake_tokenizer(10_000), queries, replace(greedy, max_new_tokens=24))])
+    problems = [Problem(str(i), "0") for i in range(len(queries))]
+
+    def run(engine):
+        made = iter(range(100))
+        return generate(lm, fake_tokenizer(eos), problems, queries, group_size=1,
+                        sampling=replace(greedy, engine=engine), turns=Turns(max_turns=3),
+                        environment=lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]))
+
+    hf, fast = run("hf"), run("fast")
+    assert [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in fast] == \
+        [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in hf]
+    assert sum(len(e.chunks) for e in hf) > len(hf)  # some traces went on past their first turn
+    for e_fast, e_hf in zip(fast, hf):
+        for a, b in zip(e_fast.chunks, e_hf.chunks):
+            assert a.sampler_logp == pytest.approx(b.sampler_logp, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- training on turns
+
+def trace(query, turns, observations, reward, group):
+    """An Episode of turns written as rollout.interact writes them (each row's prompt: all before it)."""
+    chunks, context = [], list(query)
+    for i, turn in enumerate(turns):
+        chunks.append(Chunk(list(context), list(turn)))
+        context += turn + (observations[i] if i < len(observations) else [])
+    return Episode(prompt_ids=list(query), response_ids=[t for turn in turns for t in turn], text="",
+                   truncated=False, group=group, problem=Problem("p", "0"), reward=reward, score=reward,
+                   chunks=chunks)
+
+
+def traces():
+    """Two groups of two traces: 2 turns (3 + 2 tokens, 4 observation tokens between) vs 1 turn of 4;
+    3 turns (2 + 1 + 3) vs 2 turns (1 + 2). Rewards 1, 0 | 0, 1. Token 1 is the tiny model's <eos>."""
+    q1, q2 = [40, 41, 42, 43, 44], [50, 51, 52]
+    return [trace(q1, [[60, 61, 1], [62, 1]], [[70, 71, 72, 73]], 1.0, 0),
+            trace(q1, [[63, 64, 65, 1]], [], 0.0, 0),
+            trace(q2, [[66, 1], [1], [67, 68, 1]], [[74, 75], [76, 77, 78]], 0.0, 1),
+            trace(q2, [[69, 1], [80, 1]], [[81]], 1.0, 1)]
+
+
+def one_row(e: Episode):
+    """The trace as one row: its query, then everything after (turns and observations), masked to
+    the written tokens: the single-row form of verl's multi-turn loss mask, an independent layout."""
+    last = e.chunks[-1]
+    rest = last.prompt_ids[len(e.prompt_ids):] + last.response_ids
+    written = set()
+    pos = 0
+    for c in e.chunks:
+        start = len(c.prompt_ids) - len(e.prompt_ids)
+        written.update(range(start, start + len(c.response_ids)))
+        pos = start + len(c.response_ids)
+    assert pos == len(rest)
+    return Chunk(e.prompt_ids, rest), [float(i in written) for i in range(len(rest))]
+
+
+# name, Config overrides, per-trace weight on Σ −A·logp over its written tokens (L: a trace's written
+# tokens, n traces, budget max_turns × max_new_tokens = 3 × 8 = 24)
+NORMALISERS = [
+    ("grpo", {}, lambda lengths: [1 / (len(lengths) * n) for n in lengths]),  # seq-mean-token-mean
+    ("dapo", {}, lambda lengths: [1 / sum(lengths)] * len(lengths)),  # token-mean over the mini-batch
+    ("dr_grpo", {}, lambda lengths: [1 / (len(lengths) * 24)] * len(lengths)),  # a constant: traces × budget
+    ("cispo", {}, lambda lengths: [1 / sum(lengths)] * len(lengths)),  # token-mean, sg(clipped ratio) = 1 on-policy
+]
+
+
+@pytest.mark.parametrize("algo,over,weights", NORMALISERS, ids=[n[0] for n in NORMALISERS])
+def test_turn_rows_give_the_gradient_of_the_masked_trace(algo, over, weights):
+    """One on-policy step (SGD, lr 1: the change is minus the gradient) on turn rows equals the
+    hand-written loss on each trace as one row, observations masked out: Σ_τ w_τ Σ_t∈written −A_τ logp_t,
+    with w_τ the algorithm's normaliser over written tokens only (5, 4, 6, 4 here, not 9, 4, 11, 5)."""
+    cfg = replace(Config(algo=algo, group_size=2, prompts_per_step=2, max_new_tokens=8, env="calculator",
+                         max_turns=3, grad_clip=0.0), **{**algos.get(algo).preset, **over, "dynamic_sampling": False,
+                                                         "overlong_penalty": False, "mini_batches": 1, "epochs": 1})
+    episodes = traces()
+    lm = load_model(TINY)
+    start = {k: v.clone() for k, v in lm.state_dict().items()}
+    opt = torch.optim.SGD(lm.parameters(), lr=1.0)
+    learner = Learner(scorer=ResponseLogProbs(lm), lm=lm, ref_scorer=None, optimizer=opt,
+                      scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), algo=algos.get(algo), cfg=cfg,
+                      autocast=nullcontext, pad_id=0, rank=0, world=1, device=torch.device("cpu"))
+    update(learner, episodes)
+    got = {k: start[k] - v for k, v in lm.state_dict().items()}  # the gradient
+
+    lengths = [len(e.response_ids) for e in episodes]
+    assert lengths == [5, 4, 6, 4]
+    if algo in ("grpo", "dapo", "cispo"):  # group-normalised: rewards (1, 0) -> ±1/√2 (unbiased std)
+        assert [e.advantage for e in episodes] == pytest.approx([0.70710678, -0.70710678, -0.70710678, 0.70710678],
+                                                                abs=1e-5)
+    ref = load_model(TINY)
+    rows, masks = zip(*map(one_row, episodes))
+    batch = collate(list(rows), 0, "cpu")
+    mask = torch.zeros_like(batch.response_mask)
+    for i, m in enumerate(masks):
+        mask[i, :len(m)] = torch.tensor(m)
+    assert mask.sum() == sum(lengths) < batch.response_mask.sum()  # observations are in the row, not the mask
+    logp = ResponseLogProbs(ref)(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask,
+                                 cfg.temperature)["logp"]
+    w = torch.tensor(weights(lengths)) * torch.tensor([e.advantage for e in episodes])
+    (-(w[:, None] * mask * logp).sum()).backward()
+    for name, p in ref.named_parameters():
+        assert torch.allclose(got[name], p.grad, atol=1e-6), name
+
+
+def test_no_observation_token_receives_gradient():
+    """The gradient of one update with respect to the final hidden state of every position (the
+    logits there are a function of it alone): zero at each position that predicts an observation
+    token (or the query), nonzero at some position of every turn."""
+    cfg = Config(algo="grpo", group_size=2, prompts_per_step=2, max_new_tokens=8, env="calculator", max_turns=3)
+    episodes = traces()
+    lm = load_model(TINY)
+    grads = []
+    lm.model.norm.register_full_backward_hook(lambda module, grad_in, grad_out: grads.append(grad_out[0].clone()))
+    opt = torch.optim.SGD(lm.parameters(), lr=0.0)
+    learner = Learner(scorer=ResponseLogProbs(lm), lm=lm, ref_scorer=None, optimizer=opt,
+                      scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), algo=algos.get("grpo"), cfg=cfg,
+                      autocast=nullcontext, pad_id=0, rank=0, world=1, device=torch.device("cpu"))
+    update(learner, episodes)
+    rows = [c for e in episodes for c in e.rows()]
+    batch = collate(rows, 0, "cpu")
+    grad = torch.cat(grads).abs().sum(-1)  # [rows, P + Tr]: |∂loss/∂hidden| at each position
+    assert grad.shape[0] == len(rows)
+    p = batch.input_ids.shape[1] - batch.response_mask.shape[1]
+    for i, c in enumerate(rows):
+        # logits at column j predict token j + 1: the written tokens are columns p - 1 ... p + len - 2
+        written = set(range(p - 1, p - 1 + len(c.response_ids)))
+        for j in range(grad.shape[1]):
+            if j not in written:
+                assert grad[i, j] == 0, (i, j)
+        assert grad[i, sorted(written)].sum() > 0
