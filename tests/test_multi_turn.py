@@ -340,3 +340,71 @@ def test_no_observation_token_receives_gradient():
             if j not in written:
                 assert grad[i, j] == 0, (i, j)
         assert grad[i, sorted(written)].sum() > 0
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+SMALL = ["--prompts-per-step", "4", "--group-size", "2", "--max-new-tokens", "48", "--sum-min-terms", "2",
+         "--sum-max-terms", "3", "--eval-every", "0", "--log-samples", "8"]
+
+
+def test_a_hostile_user_environment_scores_0_counted_and_the_run_goes_on(tmp_path):
+    """tests/fixtures/hostile_env.py raises, hangs past --env-timeout, returns megabytes or a number,
+    or ends the trace, by problem: 2 steps of 8 traces finish, the failures scored 0 and counted."""
+    import json
+
+    import train
+    out = tmp_path / "run"
+    train.main([*SMALL, "--max-steps", "2", "--env", "tests/fixtures/hostile_env.py:Hostile", "--env-timeout", "1",
+                "--max-observation-tokens", "8", "--out", str(out)])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["env/failures"] for r in rows) > 0 and all(r["reward/mean"] < 1 for r in rows)
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    for s in samples:  # a failed kind scores 0; a megabyte observation reaches the model as 8 tokens
+        kind = int(s["answer"]) % 5
+        if kind in (0, 1, 3):
+            assert s["reward"] == 0.0
+        if kind == 2 and "<|tool|>" in s["transcript"]:
+            assert "<|tool|>" + "7" * 8 + "<|assistant|>" in s["transcript"]
+
+
+
+def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
+    """examples/env_retry.py (a wrong answer is told so, and the model tries again) in a user
+    environment's worker: a run SIGKILLed once step-2 is saved, then resumed, logs what an
+    uninterrupted run logs, multi-turn traces and all, and ends with the same weights."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import train
+    from test_faults import ROOT, complete, equal, wait_until, weights
+    from test_train import metrics, same_run
+    args = [*SMALL, "--max-steps", "4", "--save-every", "1", "--env", "examples/env_retry.py:Retry", "--max-turns", "3"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the killed run's process, so that the numbers agree bit for bit
+    try:
+        reference = tmp_path / "reference"
+        train.main([*args, "--out", str(reference)])
+        run = tmp_path / "run"
+        proc = subprocess.Popen([sys.executable, "train.py", *args, "--out", str(run)], cwd=ROOT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(proc, lambda: "step-2" in complete(run) if (run / "checkpoints").is_dir() else False, "step-2")
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        assert "step-4" not in complete(run)
+        train.main(["--resume", str(run)])
+    finally:
+        torch.set_num_threads(threads)
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and same_run(metrics(reference), rows)
+    assert max(r["turns/mean"] for r in rows) > 1  # some traces did take several turns
+    assert (run / "samples.jsonl").read_text() == (reference / "samples.jsonl").read_text()
+    assert any(len(json.loads(x).get("transcript", "")) > 0 for x in (run / "samples.jsonl").read_text().splitlines())
+    assert equal(weights(run / "checkpoints" / "step-4"), weights(reference / "checkpoints" / "step-4"))
