@@ -251,14 +251,15 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     cache of every trace (rollout.markovian), so their KV cache is that plus one chunk's context.
     With the engine (--engine fast) the KV cache is its slab, resident (engine_rows), and a step
     adds only its sampling temporaries."""
-    p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
+    p, c = prompt_tokens(cfg), cfg.max_new_tokens
     m, h = (chunking(cfg).carryover, chunking(cfg).head) if chunks > 1 else (0, 0)
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
     weights = gathered_rows(cfg, s, t, generating=True)
     if t.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
-        prefilled = seqs // cfg.group_size if chunks == 1 else seqs  # a group's prompt is prefilled once
+        # a group's prompt is prefilled once; a later round or turn prefills every row
+        prefilled = seqs // cfg.group_size if chunks == 1 and not cfg.env else seqs
         copy = [("engine: one layer's prefill keys/values copied to every row", seqs * p * kv_token / s.layers)]
         return [Phase(f"{label}: prefill", weights + prefill_rows(cfg, s, t, prefilled, chunks) + copy, label),
                 Phase(f"{label}: decode step", weights + engine_step_rows(s, t, seqs, sampling), label)]
@@ -296,7 +297,7 @@ def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[l
     inference copy of the weights in the compute dtype when it has one (under FSDP it replaces the
     gathered decoder layers during a rollout, and stays through the update), and on CUDA the
     graph pool (one step's temporaries)."""
-    rows, columns = seqs, cfg.plan_prompt_tokens + cfg.max_new_tokens
+    rows, columns = seqs, prompt_tokens(cfg) + cfg.max_new_tokens
     if t.device == "cuda":
         rows, columns = graph_rows(rows), graph_columns(columns) + 1
     kv_token = kv_token_bytes(s, t)
@@ -314,7 +315,7 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     one forward, the attention mask over the cached length, last-position logits). A plain
     call prefills q; a Markovian round 2 prefills q ⧺ head once (rollout.prefill) and then the
     m − h tail tokens on a copy of that cache (the prefix stays for later rounds)."""
-    p, b = cfg.plan_prompt_tokens, t.bytes
+    p, b = prompt_tokens(cfg), t.bytes
     moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)
     if chunks > 1:
         m, h = chunking(cfg).carryover, chunking(cfg).head
@@ -336,15 +337,31 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     return max((rows(*mo) for mo in moments), key=lambda r: sum(n for _, n in r))
 
 
+OBSERVATION_FRAME = 16  # tokens a chat template puts around a tool message, assumed (Qwen2.5's: 12)
+
+
+def prompt_tokens(cfg) -> int:
+    """The longest prompt of a generate call: plan_prompt_tokens, or with --env a last turn's (the
+    query, every earlier turn and observation: observations add context, never loss), capped by
+    max_trace_tokens − max_new_tokens. P 512, 3 turns of C 256, observations of 256 ->
+    512 + 2 × (256 + 256 + 16) = 1568."""
+    p = cfg.plan_prompt_tokens
+    if not cfg.env:
+        return p
+    longest = p + (cfg.max_turns - 1) * (cfg.max_new_tokens + cfg.max_observation_tokens + OBSERVATION_FRAME)
+    return min(longest, cfg.max_trace_tokens - cfg.max_new_tokens) if cfg.max_trace_tokens else longest
+
+
 def micro_batch(cfg, t: Target) -> tuple[int, int, int]:
     """(rows, padded row length, response tokens) of the largest micro-batch on a rank.
     A row is prompt + response, or a Markovian chunk: q ⧺ carry-over (P + m) padded with chunk 1's
-    C-token response, so P + m + C. max_tokens_per_micro_batch caps rows × length (one row
+    C-token response, so P + m + C, or a turn (prompt_tokens + C; max_turns rows a trace). max_tokens_per_micro_batch caps rows × length (one row
     at least). 1.5B GSM8K config (micro 8, P 512, R 1024) -> (8, 1536, 1024)."""
-    p, c = cfg.plan_prompt_tokens, cfg.max_new_tokens
+    p, c = prompt_tokens(cfg), cfg.max_new_tokens
     m = chunking(cfg).carryover if cfg.max_chunks > 1 else 0
     length = p + m + c
-    share = math.ceil(cfg.prompts_per_step * cfg.group_size * cfg.max_chunks / (cfg.mini_batches * t.world))
+    rows_per_trace = cfg.max_turns if cfg.env else cfg.max_chunks
+    share = math.ceil(cfg.prompts_per_step * cfg.group_size * rows_per_trace / (cfg.mini_batches * t.world))
     unit = cfg.group_size if _whole_groups(cfg) else 1  # train.pack never splits a unit
     rows = min(cfg.micro_batch_size // unit * unit or unit, share)
     if cfg.max_tokens_per_micro_batch:
@@ -485,8 +502,9 @@ def print_plan(cfg) -> int:
     budget = tensor_budget(cfg)
     print(f"memory plan for {cfg.model}: {shape.params / 1e9:.2f}B parameters ({shape.layers} layers of "
           f"{shape.layer_params / 1e6:.1f}M), shape from {source}")
+    turns = f", turns prompted with up to {prompt_tokens(cfg)} tokens (--env)" if cfg.env else ""
     print(f"{t.mode} on {world} GPU(s), {_dtype(t.bytes)} compute, {cfg.plan_prompt_tokens}-token prompts "
-          f"(plan_prompt_tokens); GiB of tensors per GPU")
+          f"(plan_prompt_tokens){turns}; GiB of tensors per GPU")
     print("\n".join(format_plan(resident, phases)))
     fits = top <= budget
     need = top * (1 + ALLOCATOR_SLACK) + CUDA_RESERVE
@@ -530,7 +548,7 @@ def _knobs(cfg, world: int, vocab: int) -> dict:
     g, n, b_local = cfg.group_size, cfg.eval_samples, cfg.prompts_per_step // world
     rows, length, _ = micro_batch(cfg, target_for(cfg, world, "cuda"))
     per_call = min(b_local, cfg.rollout_batch_size // g or b_local)
-    prefill = ("prefill_chunk", 1, (cfg.prefill_chunk or cfg.plan_prompt_tokens + cfg.max_new_tokens) - 1, 1)
+    prefill = ("prefill_chunk", 1, (cfg.prefill_chunk or prompt_tokens(cfg) + cfg.max_new_tokens) - 1, 1)
     return {
         "rollout": [("rollout_batch_size", 1, per_call - 1, g), prefill],  # whole groups per generate call
         "eval": [("eval_batch_size", 1, max(1, cfg.eval_batch_size // n) - 1, n), prefill],

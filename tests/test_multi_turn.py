@@ -408,3 +408,17 @@ def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
     assert (run / "samples.jsonl").read_text() == (reference / "samples.jsonl").read_text()
     assert any(len(json.loads(x).get("transcript", "")) > 0 for x in (run / "samples.jsonl").read_text().splitlines())
     assert equal(weights(run / "checkpoints" / "step-4"), weights(reference / "checkpoints" / "step-4"))
+
+
+def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observation():
+    """plan.prompt_tokens: P + (T − 1)(C + O + 16), capped by max_trace_tokens − C; the update's rows
+    are that long, max_turns of them a trace."""
+    from plan import micro_batch, prompt_tokens, target_for
+    cfg = Config(plan_prompt_tokens=512, max_new_tokens=256, max_observation_tokens=256, micro_batch_size=10_000)
+    assert prompt_tokens(cfg) == 512
+    turned = replace(cfg, env="python", max_turns=3)
+    assert prompt_tokens(turned) == 512 + 2 * (256 + 256 + 16) == 1568
+    assert prompt_tokens(replace(turned, max_trace_tokens=1024)) == 1024 - 256
+    t = target_for(turned, 1, "cuda")
+    (rows, length, _), (plain_rows, plain_length, _) = micro_batch(turned, t), micro_batch(cfg, t)
+    assert length == 1568 + 256 and plain_length == 512 + 256 and rows == 3 * plain_rows
