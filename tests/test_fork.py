@@ -278,6 +278,7 @@ def _hostile_run(root):
 
 pair.register("fork-hostile", _hostile_run)
 pair.register("fork-task", ["--data", "examples/task_small_sums.py:SmallSums", *SMALL])
+pair.register("fork-env", ["--env", "examples/env_retry.py:Retry", "--max-turns", "3", *SMALL])
 
 
 def test_reward_and_task_examples_train_two_steps_on_two_ranks(two_rank_runs):
@@ -291,6 +292,16 @@ def test_reward_and_task_examples_train_two_steps_on_two_ranks(two_rank_runs):
     assert all(n >= 4 for n in failures), failures
 
 
+def test_an_environment_of_your_own_trains_two_steps_on_two_ranks(two_rank_runs):
+    """examples/env_retry.py: a wrong answer is told so and the model tries again, so some traces
+    take several turns; a right one at attempt k scores 1/k, which the task's 0/1 grade never gives."""
+    rows = metrics(pair.folder(two_rank_runs, "fork-env"))
+    assert [x["step"] for x in rows] == [1, 2] and all(math.isfinite(x["loss/total"]) for x in rows)
+    assert all(x["env/failures"] == 0 for x in rows) and max(x["turns/mean"] for x in rows) > 1
+    samples = [json.loads(line) for line in (pair.folder(two_rank_runs, "fork-env") / "samples.jsonl").open()]
+    assert any(s["reward"] not in (0.0, 1.0) or "<|tool|>Wrong, try again." in s["transcript"] for s in samples)
+
+
 # ---------------------------------------------------------------- the math lives in the repository
 
 STALE = r"SPEC(?:\.md)? ?§\d+|\.\./" + "shared"  # the contract outside the repository, as code used to cite it
@@ -298,7 +309,7 @@ STALE = r"SPEC(?:\.md)? ?§\d+|\.\./" + "shared"  # the contract outside the rep
 
 def test_every_citation_of_the_math_resolves_inside_the_repository():
     sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "math.md").read_text(), flags=re.M))
-    assert sections == {str(n) for n in range(8)}
+    assert sections == {str(n) for n in range(9)}
     cited, stale = set(), []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
@@ -329,3 +340,4 @@ def test_the_fork_it_table_is_measured():
     assert rows["a new algorithm with its own knob"][2] == f"{lines('toy_algo.py')} + 1"
     assert rows["a new reward"][2] == str(lines("reward_number.py"))
     assert rows["a new task"][2] == str(lines("task_small_sums.py"))
+    assert rows["a new environment (multi-turn, tools)"][2] == str(lines("env_retry.py"))
