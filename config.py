@@ -73,7 +73,7 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine is not yet measured there)
+    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine's training steps not yet measured there)
     engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
@@ -517,12 +517,12 @@ def eval_settings(cfg: RunConfig) -> dict:
                 answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 
-def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems) -> None:
-    """Every prompt, as the rollout encodes it, plus max_new_tokens within the model's context
-    (model.check_context); train.py and eval.py both check before loading any weight."""
+def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems, tools: list[dict] | None = None) -> None:
+    """Every prompt, as the rollout encodes it (with --env's tools listed), plus max_new_tokens within
+    the model's context (model.check_context); train.py and eval.py both check before loading any weight."""
     from model import check_context
     from rollout import encode_prompts
 
     check_context(tokenizer, hf_config, [p.prompt for p in problems],
-                  lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template),
+                  lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template, tools),
                   cfg.max_new_tokens)

@@ -34,7 +34,10 @@ length/observation (observation tokens), env/failures.
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import threading
+import warnings
 from dataclasses import dataclass, field
 
 from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithmetic, plugin_spec
@@ -66,10 +69,36 @@ class Environment:
 
 class ToolEnvironment(Environment):
     """A turn that calls the tool gets the tool's output back; a turn without a call ends the trace
-    (the task grades it). Subclasses say what a call looks like (`call`) and run it (`run`)."""
+    (the task grades it). A call is written either as the chat template writes tool calls (Qwen2.5,
+    Qwen3, Hermes: <tool_call>{"name": NAME, "arguments": {ARGUMENT: ...}}</tool_call>, the tool
+    listed in the prompt by `apply_chat_template(tools=[schema])`) or in the tool's plain form
+    (`pattern`); the last call of a turn is run. Subclasses give the tool's name, argument,
+    description, plain form and `run`."""
+
+    name = argument = description = ""
+    pattern: re.Pattern = re.compile(r"(?!)")  # the plain form; group 1 is the argument
+    MAX_CALL_CHARS = 16384  # a <tool_call> body longer than this is not read as JSON
+
+    @classmethod
+    def schema(cls) -> dict:
+        """The tool as HF chat templates list it (a JSON schema, `apply_chat_template(tools=[...])`)."""
+        return {"type": "function", "function": {
+            "name": cls.name, "description": cls.description,
+            "parameters": {"type": "object", "properties": {cls.argument: {"type": "string"}}, "required": [cls.argument]}}}
 
     def call(self, turn: str) -> str | None:
-        raise NotImplementedError
+        """The argument of the turn's last call, in either form; None without one."""
+        calls = [(m.start(), m.group(1)) for m in self.pattern.finditer(turn)]
+        for m in TOOL_CALL.finditer(turn):
+            body = m.group(1) if len(m.group(1)) <= self.MAX_CALL_CHARS else ""
+            try:
+                call = json.loads(body)
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+                continue
+            args = call.get("arguments") if isinstance(call, dict) and call.get("name") == self.name else None
+            if isinstance(args, dict) and isinstance(args.get(self.argument), str):
+                calls.append((m.start(), args[self.argument]))
+        return max(calls)[1] if calls else None
 
     def run(self, code: str) -> tuple[str, bool]:
         """(output, whether the tool failed)."""
@@ -84,17 +113,19 @@ class ToolEnvironment(Environment):
         return Step(output, details={"tools/calls": 1, "tools/errors": int(failed), "tools/correct": int(correct)})
 
 
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
 class Calculator(ToolEnvironment):
     """<calc>EXPR</calc>: + - * / ( ) over integers, exact (rewards.parse_arithmetic: a bounded
     parser, never Python's eval). "<calc>4821+9377</calc>" -> "14198"; "<calc>1/3+1/6</calc>" -> "1/2";
-    "<calc>1/0</calc>" -> "error: division by zero". The last call of a turn is run."""
+    "<calc>1/0</calc>" -> "error: division by zero"."""
 
+    name, argument = "calculator", "expression"
+    description = "Exact arithmetic: + - * / and parentheses over integers; the value, an integer or a fraction."
+    pattern = re.compile(r"<calc>(.*?)</calc>", re.S)
     MAX_CHARS = 200  # longer expressions are refused before parsing
     plain = ("<result>", "</result>")
-
-    def call(self, turn: str) -> str | None:
-        calls = re.findall(r"<calc>(.*?)</calc>", turn, re.S)
-        return calls[-1] if calls else None
 
     def run(self, code: str) -> tuple[str, bool]:
         if len(code) > self.MAX_CHARS:
@@ -115,18 +146,21 @@ class PythonTool(ToolEnvironment):
     its turns; a model that needs earlier values writes them again, as in the ToRL recipe's
     one-shot runs)."""
 
+    name, argument = "python", "code"
+    description = "Runs a Python program (standard library only) and returns what it prints."
+    pattern = re.compile(r"```python\n(.*?)```", re.S)
     box = None  # one Sandbox per process, made on first use: code_grader.code_sandbox's choice
+    making = threading.Lock()
     plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
 
-    def call(self, turn: str) -> str | None:
-        blocks = re.findall(r"```python\n(.*?)```", turn, re.S)
-        return blocks[-1] if blocks else None
-
     def run(self, code: str) -> tuple[str, bool]:
-        if PythonTool.box is None:
-            from code_grader import code_sandbox
-            from sandbox import Limits
-            PythonTool.box = code_sandbox("auto", Limits(timeout=5.0, memory=512 << 20, stdout=64 << 10))[0]
+        with PythonTool.making:  # traces answer from threads (rollout.answers); one sandbox for all
+            if PythonTool.box is None:
+                from code_grader import code_sandbox
+                from sandbox import Limits
+                PythonTool.box, notes = code_sandbox("auto", Limits(timeout=5.0, memory=512 << 20, stdout=64 << 10))
+                for note in notes:  # weaker isolation than bubblewrap: said once
+                    warnings.warn(note)
         result = PythonTool.box.run(code)
         if result.killed:  # past the time or output limit, or never started: the trace ends, scored 0
             raise EnvironmentFailed(f"the sandbox ended the program: {result.killed}")
@@ -138,15 +172,15 @@ class PythonTool(ToolEnvironment):
 
 # ----------------------------------------------------------------------------- a user's environment
 
-class UserStep(Environment):
+class WorkerEnvironment(Environment):
     """One trace of a `--env file.py:Class`: its turns go to env_worker.UserEnvironment, which runs
     the class in a worker process, bounded; a failure there is a failed Step (Session counts it)."""
 
-    keys = itertools.count()
+    keys = itertools.count()  # a trace's key in the worker pool, unique in this process
 
     def __init__(self, problem: Problem, pool):
         super().__init__(problem)
-        self.pool, self.key, self.turns = pool, f"trace-{next(UserStep.keys)}", []
+        self.pool, self.key, self.turns = pool, f"trace-{next(WorkerEnvironment.keys)}", []
 
     def step(self, turn: str) -> Step:
         self.turns.append(turn)
@@ -214,16 +248,18 @@ class Observations:
 
     def __init__(self, tokenizer, chat_template: bool):
         self.tokenizer, self.frame = tokenizer, None
+        self.lock = threading.Lock()  # sessions answer from threads (rollout.answers); a tokenizer is not thread-safe
         if chat_template and tokenizer.chat_template:
             self.frame = tool_frame(tokenizer, self.SENTINEL)
 
     def __call__(self, text: str, cap: int, plain: tuple[str, str]) -> list[int]:
         """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > cap:
-            text = self.tokenizer.decode(ids[:cap])
         before, after = self.frame or plain
-        return self.tokenizer(before + text + after, add_special_tokens=False)["input_ids"]
+        with self.lock:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > cap:
+                text = self.tokenizer.decode(ids[:cap])
+            return self.tokenizer(before + text + after, add_special_tokens=False)["input_ids"]
 
 
 def tool_frame(tokenizer, sentinel: str) -> tuple[str, str] | None:
@@ -252,17 +288,30 @@ def stop_id_of(tokenizer) -> list[int]:
     return (getattr(tokenizer, "stop_ids", None) or [tokenizer.eos_token_id])[:1]
 
 
-def environments(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0):
-    """--env spec -> a function problem -> Session (None for "", the single-turn rollout)."""
+class Environments:
+    """--env as the rollout uses it: called with a problem, the Session of a new trace; `tools`, the
+    schemas to list in the prompt through the chat template (the built-in tools; None for a user's
+    class, whose prompt is the task's)."""
+
+    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None):
+        self.make, self.render, self.cap, self.tools = make, render, cap, tools
+
+    def __call__(self, problem: Problem) -> Session:
+        return Session(self.make(problem), self.render, self.cap)
+
+
+def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0):
+    """--env spec -> Environments (None for "", the single-turn rollout). A user's class is checked
+    here (its file read, one worker started): a DataError names what is wrong."""
     if not spec:
         return None
-    render = Observations(tokenizer, chat_template)
+    render, cap = Observations(tokenizer, chat_template), turns.max_observation_tokens
     if spec in BUILT_IN:
-        cls = {"calculator": Calculator, "python": PythonTool}[spec]
-        return lambda problem: Session(cls(problem), render, turns.max_observation_tokens)
+        tool = {"calculator": Calculator, "python": PythonTool}[spec]
+        return Environments(tool, render, cap, [tool.schema()])
     if plugin_spec(spec) is None:
         raise DataError(f"--env {spec!r}: give {', '.join(BUILT_IN)} or path/to/file.py:Class")
     from env_worker import UserEnvironment
-    pool = UserEnvironment(spec, timeout=timeout, max_chars=turns.max_observation_tokens * Session.MAX_CHARS_PER_TOKEN)
+    pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN)
     pool.check()
-    return lambda problem: Session(UserStep(problem, pool), render, turns.max_observation_tokens)
+    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap)

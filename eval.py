@@ -142,7 +142,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
 
     from rollout import Chunking, encode_prompts, generate
 
-    chunking = chunking or Chunking()
+    chunking, tools = chunking or Chunking(), environment and environment.tools
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_call = max(1, batch_size // n)
@@ -152,7 +152,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
             batch = problems[start:start + per_call]
             torch.manual_seed(seed + b)
-            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
+            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, tools),
                                 group_size=n, sampling=sampling, chunking=chunking, environment=environment, turns=turns)
             records = graded(task, episodes, tokenizer, answer_after)
             for j in range(len(batch)):
@@ -161,7 +161,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
             if b % world == rank:
                 batch = problems[start:start + batch_size]
-                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template),
+                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, tools),
                                     group_size=1, sampling=replace(sampling, temperature=0.0), chunking=chunking,
                                     environment=environment, turns=turns)
                 best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
@@ -288,14 +288,16 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import eval_settings
+    from config import eval_settings, turns
+    from environments import environment_for
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
         task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-        check_prompts_fit(cfg, tokenizer, hf_config, problems)
+        environment = environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
+        check_prompts_fit(cfg, tokenizer, hf_config, problems, environment and environment.tools)
         out = output_folder(args, first)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
@@ -306,8 +308,6 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
     settings = eval_settings(cfg)
-    from environments import environments
-    environment = environments(cfg.env, settings["turns"], tokenizer, cfg.chat_template, cfg.env_timeout)
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, environment=environment, **settings)
     if rank == 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -90,13 +91,16 @@ class Episode:
         return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
 
-def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool) -> list[list[int]]:
+def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tools: list[dict] | None = None
+                   ) -> list[list[int]]:
     """Token ids of each prompt, through the tokenizer's chat template when it has one and
-    chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model."""
+    chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model.
+    tools: JSON schemas the template lists in the prompt (--env's built-in tools; a template that
+    has no tool list ignores them)."""
     out = []
     for p in problems:
         if chat_template and tokenizer.chat_template:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}],
+            text = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tools=tools,
                                                  add_generation_prompt=True, tokenize=False)
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
         else:
@@ -198,22 +202,33 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
     for turn in range(turns.max_turns):
         if not going:
             break
-        written_now = sample(lm, tokenizer, [contexts[i] for i in going], sampling)
-        still = []
-        for i, (new, logp) in zip(going, written_now):
+        for i, (new, logp) in zip(going, sample(lm, tokenizer, [contexts[i] for i in going], sampling)):
             traces[i].append(Chunk(contexts[i], new, logp))
-            if not ends(new, stops):
-                continue
-            observation = sessions[i].answer(tokenizer.decode(new, skip_special_tokens=True))
+        asked = [i for i in going if ends(traces[i][-1].response_ids, stops)]
+        still = []
+        for i, observation in zip(asked, answers(tokenizer, [sessions[i] for i in asked],
+                                                  [traces[i][-1].response_ids for i in asked])):
             if observation is None:
                 continue
-            contexts[i] = contexts[i] + new + observation
+            contexts[i] = contexts[i] + traces[i][-1].response_ids + observation
             sessions[i].cut = (turn + 1 == turns.max_turns or
                                bool(turns.max_tokens) and len(contexts[i]) + sampling.max_new_tokens > turns.max_tokens)
             if not sessions[i].cut:
                 still.append(i)
         going = still
     return traces
+
+
+ANSWER_THREADS = 4
+
+
+def answers(tokenizer, sessions: list, turns: list[list[int]]) -> list[list[int] | None]:
+    """Each session's answer to its trace's latest turn (observation ids, or None: done), from
+    ANSWER_THREADS threads: a tool's program runs in a sandboxed process, a user's environment in a
+    worker process, so several traces' answers overlap; the replies come in the sessions' order."""
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in turns]
+    with ThreadPoolExecutor(max(1, min(ANSWER_THREADS, len(sessions)))) as pool:
+        return list(pool.map(lambda session, text: session.answer(text), sessions, texts))
 
 
 def settle_trace(e: Episode, session, tokenizer, turns) -> None:
@@ -336,8 +351,9 @@ class SamplerLogProbs(LogitsProcessor):
 
 def engine_for(engine: str, device_type: str) -> str:
     """Who generates for --engine on a device type: "fast" (engine.py) or "hf" (generate). auto is
-    the one measured faster there: the engine on CPU, `generate` on CUDA, where the engine is not
-    measured yet. rollout.sample and plan.py both ask here."""
+    the one measured faster there: the engine on CPU, `generate` on CUDA, where the engine's decode
+    is measured faster but its training steps not yet (docs/measured.md). rollout.sample and
+    plan.py both ask here."""
     return engine if engine != "auto" else "hf" if device_type == "cuda" else "fast"
 
 

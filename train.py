@@ -53,7 +53,7 @@ from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save
 from config import (Config, check_prompts_fit, chunking, eval_settings, learning_rate, parse_config, response_tokens,
                     turns, validate)
 from engine import compile_count
-from environments import environments
+from environments import environment_for
 from eval import evaluate
 from lora import AdaptersOff, add_lora, check_targets, require_peft
 from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
@@ -79,7 +79,8 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
         first_group = data_pos + rank * b_local  # group ids unique over the run
-        episodes = generate(lm, tokenizer, problems, encode_prompts(tokenizer, problems, cfg.chat_template),
+        prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, environment and environment.tools)
+        episodes = generate(lm, tokenizer, problems, prompt_ids,
                             group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
                             first_group=first_group, batch_size=cfg.rollout_batch_size,
                             environment=environment, turns=turns(cfg))
@@ -499,8 +500,9 @@ def say(rank: int, *msg) -> None:
 
 def preflight(cfg: Config):
     """Every check that needs no model weights, on every rank before any rank starts: the config,
-    the data, the model folder, prompt lengths, the run folder. Returns (task, train problems,
-    held-out problems, tokenizer, HF config, run folder, checkpoint to resume from or None)."""
+    the data, the model folder, prompt lengths, the environment (--env), the run folder. Returns (task,
+    train problems, held-out problems, environment or None, tokenizer, HF config, run folder,
+    checkpoint to resume from or None)."""
     validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.plan:
         sys.exit(print_plan(cfg))
@@ -509,9 +511,10 @@ def preflight(cfg: Config):
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
         require_peft("--lora-rank")
         check_targets(hf_config, cfg.lora_targets)
-    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout)
+    environment = environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
+    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, environment and environment.tools)
     run, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
-    return task, train_problems, heldout, tokenizer, hf_config, run, start
+    return task, train_problems, heldout, environment, tokenizer, hf_config, run, start
 
 
 def main(argv=None) -> None:
@@ -519,7 +522,7 @@ def main(argv=None) -> None:
     with ExitStack() as held:
         try:
             cfg = parse_config(argv)
-            task, train_problems, heldout, tokenizer, hf_config, out, start = preflight(cfg)
+            task, train_problems, heldout, environment, tokenizer, hf_config, out, start = preflight(cfg)
             if first:
                 held.enter_context(lock(out))  # the run folder is this process's until it exits
                 for note in task.warnings:  # a weak sandbox, said once
@@ -528,7 +531,7 @@ def main(argv=None) -> None:
             sys.exit(f"error: {e}" if first else 1)
         error = ""
         try:
-            train(cfg, task, train_problems, heldout, tokenizer, hf_config, out, start)
+            train(cfg, task, train_problems, heldout, environment, tokenizer, hf_config, out, start)
         except (CheckpointError, ModelError) as e:
             error = f"error: {e}"
         if error and first:
@@ -590,7 +593,8 @@ def mixed_seed(seed: int, a: int, b: int) -> int:
     return seed * 1_000_003 + a * 1_009 + b
 
 
-def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out: Path, start: Path | None) -> None:
+def train(cfg: Config, task, train_problems, heldout, environment, tokenizer, hf_config, out: Path,
+          start: Path | None) -> None:
     rank, world, device = setup_distributed(cfg)
     out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
@@ -605,7 +609,6 @@ def train(cfg: Config, task, train_problems, heldout, tokenizer, hf_config, out:
     if start is not None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
-    environment = environments(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
 
     def run_eval():
         with full_weights(learner.scorer), learner.autocast():

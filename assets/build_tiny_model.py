@@ -112,7 +112,7 @@ def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, c
     if chunk:
         chunking = Chunking(carryover, 0, 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover)))
         budget = chunk
-    environment = environments.environments(env, TURNS, tok, True) if env else None
+    environment = environments.environment_for(env, TURNS, tok, True) if env else None
     eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
                    sampling=Sampling(temperature=1.0, max_new_tokens=budget),
                    environment=environment, turns=TURNS if env else None)

@@ -10,7 +10,7 @@ import torch
 
 import algos
 from config import Config
-from environments import (Calculator, Environment, Observations, PythonTool, Session, Step, Turns, environments,
+from environments import (Calculator, Environment, Observations, PythonTool, Session, Step, Turns, environment_for,
                           tool_frame)
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
@@ -43,6 +43,51 @@ def test_a_template_without_a_tool_role_falls_back_to_plain_text():
                          "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
     assert tool_frame(tok, "\x00S\x00") is None
     assert tok.decode(Observations(tok, True)("7", 8, PythonTool.plain)) == "```output\n7\n```\n"
+
+
+# Qwen2.5's layout (tools listed in a system turn, a tool message as a user turn of <tool_response>),
+# on the tiny character tokenizer, whose end of turn is <eos>
+HERMES = ("{%- if tools %}<|system|>Tools:{% for t in tools %} {{ t | tojson }}{% endfor %}<eos>{% endif %}"
+          "{%- for m in messages %}{%- if m.role == 'tool' %}<|user|><tool_response>{{ m.content }}</tool_response><eos>"
+          "{%- else %}<|{{ m.role }}|>{{ m.content }}<eos>{% endif %}{% endfor %}"
+          "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_a_template_with_tools_lists_them_and_frames_their_output():
+    from rollout import encode_prompts
+    tok = load_tokenizer(TINY)
+    tok.chat_template = HERMES
+    prompt = tok.decode(encode_prompts(tok, [Problem("Add 1+2", "3")], True, [Calculator.schema()])[0])
+    assert prompt.startswith('<|system|>Tools: {"type": "function", "function": {"name": "calculator"')
+    assert prompt.endswith("<|user|>Add 1+2<eos><|assistant|>")
+    # after the model's own <eos>: the tool message, then the next assistant header
+    assert tool_frame(tok, "\x00S\x00") == ("<|user|><tool_response>", "</tool_response><eos><|assistant|>")
+    assert tok.decode(Observations(tok, True)("3", 8, Calculator.plain)) == \
+        "<|user|><tool_response>3</tool_response><eos><|assistant|>"
+    plain = load_tokenizer(TINY)  # the shipped template ignores a tool list: the default prompt, unchanged
+    assert encode_prompts(plain, [Problem("Add 1+2", "3")], True, [Calculator.schema()]) == \
+        encode_prompts(plain, [Problem("Add 1+2", "3")], True)
+
+
+@pytest.mark.parametrize("turn,code", [
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', "2+3"),
+    ('<calc>1+1</calc> <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', "2+3"),
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call> <calc>1+1</calc>', "1+1"),
+    ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', None),  # another tool
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": 5}}</tool_call>', None),  # not text
+    ('<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', None),
+    ("<tool_call>{not json}</tool_call>", None),
+    ("<tool_call>" + "[" * 100_000 + "</tool_call>", None),  # past the JSON parser's depth, or the length cap
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "' + "1+" * 9000 + '1"}}</tool_call>', None),
+])
+def test_a_call_in_the_templates_tool_call_form(turn, code):
+    assert Calculator(Problem("p", "5")).call(turn) == code
+
+
+def test_python_tool_call_in_the_templates_form():
+    step = PythonTool(Problem("p", "3")).step('<tool_call>{"name": "python", "arguments": {"code": "print(1 + 2)"}}'
+                                              '</tool_call>')
+    assert step.observation == "3\n" and step.details["tools/correct"] == 1
 
 
 @pytest.mark.parametrize("turn,output,failed", [
@@ -78,8 +123,9 @@ def test_python_tool_runs_the_block_in_the_sandbox():
     # limits the program meets as exceptions come back as its error, counted: memory, processes
     greedy = env.step("```python\nx = 'x' * (1 << 40)\n```")
     assert greedy.observation == "MemoryError" and greedy.details["tools/errors"] == 1
+    # (a fork bomb's copies all fail, and their tracebacks interleave on stderr: its last line varies)
     bomb = env.step("```python\nimport os\nwhile True: os.fork()\n```")
-    assert bomb.observation.startswith("BlockingIOError") and bomb.details["tools/errors"] == 1
+    assert bomb.observation and bomb.details["tools/errors"] == 1
 
 
 @pytest.mark.parametrize("program", [
@@ -126,7 +172,7 @@ def test_megabytes_of_observation_are_cut_before_tokenising():
 
 def test_an_unknown_env_is_named():
     with pytest.raises(ValueError, match="calculator, python or path/to/file.py:Class"):
-        environments("abacus", Turns(), load_tokenizer(TINY), True)
+        environment_for("abacus", Turns(), load_tokenizer(TINY), True)
 
 
 # ----------------------------------------------------------------------------- the rollout loop
