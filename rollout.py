@@ -122,8 +122,8 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
     """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
     one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
     chunking.max_chunks > 1 writes each response as a Markovian trace (`markovian`); an
-    `environment` (problem -> environments.Session) as a multi-turn trace (`interact`, within
-    `turns`, an environments.Turns).
+    `environment` (environments.Environments: problem -> a trace's Session) as a multi-turn trace
+    (`interact`, within `turns`, an environments.Turns).
 
     Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
     consecutive and carry group id first_group + j.

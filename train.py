@@ -5,7 +5,8 @@
 
 Each step:
   1. rollout   every rank samples G responses for its share of B prompts (one generate call,
-               or with Markovian thinking one per chunk round); the task grades them; episodes
+               or one per chunk round with Markovian thinking, one per turn with an environment,
+               --env: tools, observations as context); the task grades them; episodes
                are gathered so that every rank holds the global batch (global counts and batch
                std then need no further collective)
   2. filter    optional DAPO dynamic sampling: drop groups whose rewards are all equal and
@@ -14,7 +15,7 @@ Each step:
                they do not train on (train_on), and a step that keeps none skips its update
   4. update    K mini-batches of whole groups × μ epochs, one optimizer step per mini-batch; each
                rank takes its share of the mini-batch in micro-batches of rows (a row is a
-               response, or one chunk of a Markovian trace); every loss is divided by counts of
+               response, a chunk of a Markovian trace or a turn); every loss is divided by counts of
                the whole mini-batch on all ranks (docs/math.md §0)
   5. log, eval, checkpoint
 
@@ -71,7 +72,7 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
                      rank: int, world: int, environment=None):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats).
-    environment: problem -> environments.Session for multi-turn traces (--env), else None."""
+    environment: environments.Environments for multi-turn traces (--env), else None."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
                         cfg.engine_compile)

@@ -10,8 +10,8 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
         --min-terms 2 --max-terms 12 --chunk 32 --carryover 21 --eval-terms 6,7 --max-new-tokens 100 \
         --lr 1e-3 --max-steps 750 --eval-every 250 --target 1.01    # configs/tiny_delethink.yaml's model
     python assets/build_tiny_model.py --init assets/tiny-running-sum --out assets/tiny-tool-calc \
-        --env calculator --tool-share TOOL_SHARE --digits 4 --min-terms 2 --max-terms 3 --max-new-tokens 64 \
-        --lr 1e-3 --max-steps MAX_STEPS --eval-every EVAL_EVERY --target 1.01  # configs/tiny_grpo_tool.yaml's model
+        --env calculator --tool-share 0.3 --digits 4 --min-terms 2 --max-terms 3 --max-new-tokens 64 \
+        --lr 1e-3 --max-steps 2000 --eval-every 100 --target 0.30   # configs/tiny_grpo_tool.yaml's model
 
 With --env calculator a share --tool-share of the SFT problems is solved with the calculator, as
 a multi-turn rollout with `--env calculator` writes it (environments.py): turn 1 calls the tool,
@@ -104,18 +104,17 @@ def tool_rows(tok, query: list[int], terms: list[int], render) -> list[Chunk]:
 
 
 def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, chunk: int, carryover: int,
-                     env: str = "") -> tuple[float, float, float]:
-    """(accuracy, share of traces calling the tool, share with a correct call: one whose value is
-    the answer), sampled at temperature 1; with chunk > 0
-    in Delethink chunks, as many as max_new_tokens needs; with env, multi-turn with that environment."""
+                     environment=None) -> tuple[float, float, float]:
+    """(accuracy, share of traces that call a tool, share with a correct call: one whose value is
+    the answer), sampled at temperature 1; with chunk > 0 in Delethink chunks, as many as
+    max_new_tokens needs; with an environment (environments.environment_for), multi-turn within TURNS."""
     chunking, budget = Chunking(), max_new_tokens
     if chunk:
         chunking = Chunking(carryover, 0, 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover)))
         budget = chunk
-    environment = environments.environment_for(env, TURNS, tok, True) if env else None
     eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
                    sampling=Sampling(temperature=1.0, max_new_tokens=budget),
-                   environment=environment, turns=TURNS if env else None)
+                   environment=environment, turns=TURNS if environment else None)
     share = lambda key: sum(e.details.get(key, 0) > 0 for e in eps) / len(eps)  # noqa: E731
     return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps), share("tools/calls"), share("tools/correct")
 
@@ -158,22 +157,25 @@ def main() -> None:
           else build_model(len(tok), args.seed, args.hidden, args.layers))
     task = RunningSumTask(args.min_terms, args.max_terms, args.digits)
     eval_task = RunningSumTask(*map(int, args.eval_terms.split(",")), args.digits) if args.eval_terms else task
+    # with --env: the rollout's environment (for the checks), tool list (for the prompts) and observations
+    environment = environments.environment_for(args.env, TURNS, tok, True) if args.env else None
+    tools = environment.tools if environment else None
     render = environments.Observations(tok, chat_template=True)
     rng = random.Random(args.seed)
     # The SFT problems come from their own stream, so they overlap RL's train split only by chance
     # and never its held-out split (seeded differently, and RL's held-out is what we report).
     eval_rng = random.Random("sft-eval")
     eval_problems = [eval_task.sample(eval_rng)[0] for _ in range(300)]
-    eval_ids = encode_prompts(tok, eval_problems, chat_template=True)
+    eval_ids = encode_prompts(tok, eval_problems, True, tools)
     scorer = ResponseLogProbs(lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    acc, tools = 0.0, ""
+    acc, report = 0.0, ""
     for step in range(1, args.max_steps + 1):
         samples = [task.sample(rng) for _ in range(64)]
         problems = [p for p, _ in samples]
         rows = []
-        for ids, (p, t) in zip(encode_prompts(tok, problems, True), samples):
-            if args.env and rng.random() < args.tool_share:  # no draw without --env: older builds stay as they were
+        for ids, (p, t) in zip(encode_prompts(tok, problems, True, tools), samples):
+            if environment and rng.random() < args.tool_share:  # no draw without --env: older builds stay as they were
                 rows += tool_rows(tok, ids, t, render)
                 continue
             solution = tok(RunningSumTask.solution(t), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -189,15 +191,15 @@ def main() -> None:
         if step % args.eval_every == 0:
             torch.manual_seed(args.seed + step)
             acc, calls, correct = heldout_accuracy(lm, tok, eval_task, eval_problems, eval_ids, args.max_new_tokens,
-                                                   args.chunk, args.carryover, args.env)
-            tools = f"  tool calls {calls:.3f}  correct calls {correct:.3f}" if args.env else ""
-            print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}{tools}", flush=True)
+                                                   args.chunk, args.carryover, environment)
+            report = f"  tool calls {calls:.3f}  correct calls {correct:.3f}" if environment else ""
+            print(f"step {step}  loss {loss.item():.4f}  held-out accuracy {acc:.3f}{report}", flush=True)
             if acc >= args.target:
                 break
     lm.save_pretrained(tmp, safe_serialization=True)
     shutil.rmtree(args.out, ignore_errors=True)
     tmp.rename(args.out)
-    print(f"saved {args.out} after {step} steps, held-out accuracy {acc:.3f}{tools}")
+    print(f"saved {args.out} after {step} steps, held-out accuracy {acc:.3f}{report}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Multi-turn rollouts (environments.py, rollout.interact, docs/math.md §8): observations are context,
 never loss; every normaliser counts only the tokens the policy wrote; the built-in tools; the
 engine writes what HF generate writes, turn after turn."""
+import re
 from contextlib import nullcontext
 from dataclasses import replace
 from types import SimpleNamespace
@@ -468,3 +469,17 @@ def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observa
     t = target_for(turned, 1, "cuda")
     (rows, length, _), (plain_rows, plain_length, _) = micro_batch(turned, t), micro_batch(cfg, t)
     assert length == 1568 + 256 and plain_length == 512 + 256 and rows == 3 * plain_rows
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--algo", "pacs"], "with max_chunks > 1 or --env a response is split over several rows"),
+    (["--algo", "gspo"], "which a Markovian or multi-turn trace split over rows does not have in one row"),
+    (["--max-chunks", "3"], "--env writes multi-turn traces and max_chunks > 1 Markovian ones"),
+    (["--max-trace-tokens", "40"], "max_trace_tokens=40 leaves no room for a turn of max_new_tokens=80"),
+    (["--max-turns", "0"], "max_turns=0: must be ≥ 1"),
+])
+def test_what_cannot_run_on_multi_turn_traces_is_named(flags, message):
+    """PACS and GSPO score a whole response in one row, which a trace of several turns is not."""
+    import config
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.validate(config.parse_config(["--env", "calculator", *flags]), 1)
