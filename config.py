@@ -383,8 +383,9 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
         (not algo.whole_groups or not cfg.mask_truncated,
          f"{whole}: it needs train_on=all and mask_truncated=false, not mask_truncated=true"),
         (not algo.whole_groups or not multi_row(cfg),
-         f"--algo {cfg.algo} scores whole responses against their group; with max_chunks > 1 or --env a "
-         f"response is split over several rows, which it does not support: set max_chunks 1, no --env"),
+         f"--algo {cfg.algo} scores whole responses against their group; with "
+         f"{'--env' if cfg.env else 'max_chunks > 1'} a response is split over several rows, which it does not "
+         f"support: {'drop --env' if cfg.env else 'set max_chunks 1'}"),
     ]
 
 

@@ -214,10 +214,13 @@ class Session:
         self.env, self.render, self.cap = env, render, cap
         self.reward: float | None = None  # the environment's reward for the trace, if it gave one
         self.cut = False  # the rollout's caps stopped the trace while the environment still answered
+        self.pending: dict = {}  # the numbers of the last observation, until it reaches the model
         self.details = {"tools/calls": 0, "tools/errors": 0, "tools/correct": 0, "length/observation": 0,
                         "env/failures": 0}
 
     def answer(self, turn: str) -> list[int] | None:
+        """The observation's ids, or None: the trace is done (with the environment's reward, or 0 and
+        a failure counted). An observation's numbers count once it reaches the model (`seen`)."""
         try:
             step = self.env.step(turn)
             if not isinstance(step, Step):
@@ -226,17 +229,26 @@ class Session:
                 raise EnvironmentFailed(f"observation is {type(step.observation).__name__}, not text")
             if step.reward is not None and not is_reward(step.reward):
                 raise EnvironmentFailed(f"reward {step.reward!r} is not a number")
-            for name, value in step.details.items():
-                self.details[name] = self.details.get(name, 0) + float(value)
+            numbers = {name: float(value) for name, value in step.details.items()}
         except Exception:  # noqa: BLE001 - an environment's bug ends its trace, never the run
             self.reward, self.details["env/failures"] = 0.0, 1
             return None
         if step.observation is None:
             self.reward = None if step.reward is None else float(step.reward)
+            self.count(numbers)
             return None
         ids = self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
-        self.details["length/observation"] += len(ids)
+        self.pending = {**numbers, "length/observation": len(ids)}
         return ids
+
+    def seen(self) -> None:
+        """The last observation is in the trace's context: its call and its tokens count. (One the
+        caps cut off is never read by the model, so a tool call at the last turn counts nothing.)"""
+        self.count(self.pending)
+
+    def count(self, numbers: dict) -> None:
+        for name, value in numbers.items():
+            self.details[name] = self.details.get(name, 0) + value
 
 
 class Observations:

@@ -210,10 +210,12 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
                                                   [traces[i][-1].response_ids for i in asked])):
             if observation is None:
                 continue
-            contexts[i] = contexts[i] + traces[i][-1].response_ids + observation
+            context = contexts[i] + traces[i][-1].response_ids + observation
             sessions[i].cut = (turn + 1 == turns.max_turns or
-                               bool(turns.max_tokens) and len(contexts[i]) + sampling.max_new_tokens > turns.max_tokens)
+                               bool(turns.max_tokens) and len(context) + sampling.max_new_tokens > turns.max_tokens)
             if not sessions[i].cut:
+                sessions[i].seen()
+                contexts[i] = context
                 still.append(i)
         going = still
     return traces

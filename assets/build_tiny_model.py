@@ -115,8 +115,9 @@ def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, c
     eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
                    sampling=Sampling(temperature=1.0, max_new_tokens=budget),
                    environment=environment, turns=TURNS if environment else None)
+    accuracy = sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps)
     share = lambda key: sum(e.details.get(key, 0) > 0 for e in eps) / len(eps)  # noqa: E731
-    return sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps), share("tools/calls"), share("tools/correct")
+    return accuracy, share("tools/calls"), share("tools/correct")
 
 
 def main() -> None:

@@ -168,6 +168,8 @@ def test_megabytes_of_observation_are_cut_before_tokenising():
     session = Session(Hostile(Problem("p", "1"), lambda: Step("7" * (8 << 20))), Observations(tok, True), 32)
     ids = session.answer("go")
     assert tok.decode(ids) == "<|tool|>" + "7" * 32 + "<|assistant|>"
+    assert session.details["length/observation"] == 0  # until the observation reaches the model
+    session.seen()
     assert session.details["length/observation"] == len(ids)
 
 
@@ -183,14 +185,14 @@ class Scripted:
 
     def __init__(self, observations, reward=None):
         self.observations, self.reward, self.cut = list(observations), reward, False
-        self.details, self.seen = {"tools/calls": 0}, []
+        self.details, self.asked = {"tools/calls": 0}, []
 
     def answer(self, turn):
-        self.seen.append(turn)
-        if not self.observations:
-            return None
+        self.asked.append(turn)
+        return self.observations.pop(0) if self.observations else None
+
+    def seen(self):
         self.details["tools/calls"] += 1
-        return self.observations.pop(0)
 
 
 def fake_tokenizer(eos):
@@ -230,13 +232,29 @@ def test_caps_end_a_trace_as_truncated(monkeypatch, caps, turns_written):
     assert len(episodes[0].chunks) == turns_written and episodes[0].truncated
 
 
+def test_a_call_whose_answer_the_caps_cut_off_counts_nothing(monkeypatch):
+    """Every turn calls the calculator; with 2 turns at most, the second call's value never reaches the
+    model: one call, one observation counted, and the trace is truncated."""
+    import rollout
+    tok = load_tokenizer(TINY)
+    call = tok("<calc>1+1</calc>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    monkeypatch.setattr(rollout, "sample", lambda lm, t, rows, sampling, **_: [(call, [0.0] * len(call))] * len(rows))
+    environment = environment_for("calculator", Turns(max_turns=2), tok, True)
+    [e] = generate(None, tok, [Problem("p", "2")], [[5, 6]], group_size=1, sampling=Sampling(max_new_tokens=32),
+                   environment=environment, turns=Turns(max_turns=2))
+    observation = len(e.chunks[1].prompt_ids) - len(e.chunks[0].prompt_ids) - len(call)
+    assert len(e.chunks) == 2 and e.truncated and e.text == "<calc>1+1</calc>"
+    assert e.details["tools/calls"] == 1 == e.details["tools/correct"]
+    assert e.details["length/observation"] == observation == len("<|tool|>2") + 1
+
+
 def test_a_turn_cut_by_max_new_tokens_ends_the_trace_without_asking_the_environment(monkeypatch):
     import rollout
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, 7], [0.0, 0.0])] * len(rows))
     session = Scripted([[5]])
     [e] = generate(None, fake_tokenizer(3), [Problem("p", "1")], [[1, 2]], group_size=1,
                    sampling=Sampling(max_new_tokens=2), environment=lambda p: session, turns=Turns())
-    assert len(e.chunks) == 1 and e.truncated and session.seen == []
+    assert len(e.chunks) == 1 and e.truncated and session.asked == []
 
 
 def test_the_environments_reward_replaces_the_graders():
@@ -472,7 +490,7 @@ def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observa
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--algo", "pacs"], "with max_chunks > 1 or --env a response is split over several rows"),
+    (["--algo", "pacs"], "with --env a response is split over several rows, which it does not support: drop --env"),
     (["--algo", "gspo"], "which a Markovian or multi-turn trace split over rows does not have in one row"),
     (["--max-chunks", "3"], "--env writes multi-turn traces and max_chunks > 1 Markovian ones"),
     (["--max-trace-tokens", "40"], "max_trace_tokens=40 leaves no room for a turn of max_new_tokens=80"),
