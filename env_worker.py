@@ -40,9 +40,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
-import importlib.util
 import json
-import os
 import sys
 import threading
 import traceback
@@ -50,7 +48,7 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from grader_pool import GradingWorker
+from grader_pool import GradingWorker, import_plugin, plugin_syntax, protocol_stdout
 from rewards import DataError, Problem, is_reward, plugin_spec
 
 MAX_ENVS = 4096  # live environments a worker keeps; bounds its memory whatever the number of traces
@@ -91,16 +89,7 @@ class UserEnvironment:
         """Read the spec and the file's syntax (without running it), then start one worker, so that a
         file that does not import fails before any model loads. Every problem is a DataError naming the
         file."""
-        found = plugin_spec(self.spec)
-        if found is None:
-            raise DataError(f"--env {self.spec!r}: give path/to/file.py:Class")
-        path, name = found
-        if not path.is_file():
-            raise DataError(f"--env {self.spec}: no such file {path}")
-        try:
-            tree = ast.parse(path.read_text(), filename=str(path))
-        except (SyntaxError, UnicodeDecodeError) as e:
-            raise DataError(f"--env {self.spec}: {path} is not valid Python ({e})") from None
+        path, name, tree = plugin_syntax("--env", self.spec, "Class")
         if not any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body):
             raise DataError(f"--env {self.spec}: {path} has no top-level class {name}")
         first = self.workers[0]
@@ -222,15 +211,9 @@ def _answer(envs: _Held, cls, request: dict, path: str) -> str:
 
 def _env_worker(path: str, name: str) -> None:
     """The child side of UserEnvironment: requests in, replies out, one JSON line each."""
-    replies = os.fdopen(os.dup(1), "w")  # the protocol keeps the real stdout; the environment's prints go to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    replies = protocol_stdout()
     try:
-        module_spec = importlib.util.spec_from_file_location("rlvr_env", path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module  # dataclasses (a Step of your own) look classes up by module
-        module_spec.loader.exec_module(module)
-        cls = getattr(module, name, None)
+        cls = getattr(import_plugin(path, "rlvr_env"), name, None)
         if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
             raise TypeError(f"{name} is not a class with a step method")
     except Exception as e:  # noqa: BLE001 - reported to the parent, which names the file

@@ -270,20 +270,26 @@ class RewardWorker(GradingWorker):
         return [verdict(r, failure) for r in (reply["verdicts"] if reply else [None] * len(rows))]
 
 
+def plugin_syntax(flag: str, spec: str, kind: str) -> tuple[Path, str, ast.Module]:
+    """(file, name, the file's syntax tree) of a `flag path/to/file.py:name` value, read without
+    running it (--reward's function, --env's class). Every problem is a DataError naming the file."""
+    found = plugin_spec(spec)
+    if found is None:
+        raise DataError(f"{flag} {spec!r}: give path/to/file.py:{kind}")
+    path, name = found
+    if not path.is_file():
+        raise DataError(f"{flag} {spec}: no such file {path}")
+    try:
+        return path, name, ast.parse(path.read_text(), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError) as e:
+        raise DataError(f"{flag} {spec}: {path} is not valid Python ({e})") from None
+
+
 def reward_signature(spec: str) -> tuple[Path, str, bool]:
     """(file, function name, batch form?) of a --reward value, read from the file's syntax without
     running it: a top-level def with the parameters (prompt, response, answer) or (prompts,
     responses, answers). Every problem is a DataError naming the file."""
-    found = plugin_spec(spec)
-    if found is None:
-        raise DataError(f"--reward {spec!r}: give path/to/file.py:function")
-    path, name = found
-    if not path.is_file():
-        raise DataError(f"--reward {spec}: no such file {path}")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError) as e:
-        raise DataError(f"--reward {spec}: {path} is not valid Python ({e})") from None
+    path, name, tree = plugin_syntax("--reward", spec, "function")
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
     if not defs:
         raise DataError(f"--reward {spec}: {path} has no top-level function {name}")
@@ -301,14 +307,9 @@ BATCH_PARAMS = ("prompts", "responses", "answers")
 def _reward_worker(path: str, name: str, form: str) -> None:
     """The child side of RewardFunction: {"rows": [[prompt, response, answer], ...]} JSON lines in,
     a Verdict (form "row": one row a call) or {"verdicts": [...]} (form "batch") out."""
-    replies = os.fdopen(os.dup(1), "w")  # the protocol keeps the real stdout; the function's prints go to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    replies = protocol_stdout()
     try:
-        module_spec = importlib.util.spec_from_file_location("rlvr_reward", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        function = getattr(module, name)
+        function = getattr(import_plugin(path, "rlvr_reward"), name)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which names the file
         print(json.dumps({"error": f"importing {path} failed: {type(e).__name__}: {e}"}), file=replies, flush=True)
         return
@@ -320,6 +321,25 @@ def _reward_worker(path: str, name: str, form: str) -> None:
         else:
             reply = _scores(lambda: [function(*rows[0])], 1)[0]
         print(json.dumps(reply), file=replies, flush=True)
+
+
+def protocol_stdout():
+    """A worker child's reply channel: the real stdout, kept; everything the plug-in prints (print,
+    a C library writing to fd 1) goes to stderr, so that it cannot break the protocol."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return replies
+
+
+def import_plugin(path: str, module_name: str):
+    """The module of a plug-in file, registered under module_name: dataclasses (a Step or a Verdict of
+    your own, with `from __future__ import annotations`) look their classes up by module."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _scores(call, n: int) -> list[dict]:
