@@ -52,9 +52,9 @@ class RunConfig:
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     prompt_template: str = ""  # the problem -> the user message: a paper's (pacs, rover, delethink, nsr, dr_grpo, dapo, gsm8k) or a string with {problem}; "" = as is; not code files
     code_template: str = ""  # code files: the prompt recipe (deepcoder, lcb, prime; stdin or function form by the row's tests); "" = the row's prompt as is
-    sandbox: str = "auto"  # code files: how programs are isolated: auto (the strongest that works here) | bwrap | unshare | none
-    sandbox_timeout: float = 5.0  # code files: wall-clock seconds per program run (one stdin test, or all calls of a function problem)
-    sandbox_memory: int = 1024  # code files: MiB of address space per process of a program
+    sandbox: str = "auto"  # code files and --env python: how programs are isolated: auto (the strongest that works here) | bwrap | unshare | none
+    sandbox_timeout: float = 5.0  # code files and --env python: wall-clock seconds per program run (one stdin test, or all calls of a function problem)
+    sandbox_memory: int = 1024  # code files and --env python: MiB of address space per process of a program
     answer_after: str = ""  # answer gate: grade only the text after this (Delethink recipe: </think>); a response without it scores 0
     grade_timeout: float = 10.0  # seconds per grading of a data file's row (math-verify or --reward); over it scores 0, counted
     grade_workers: int = 4  # grading worker processes per rank, grading a batch in parallel (data files)
@@ -276,7 +276,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
 }
-CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files only
+CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files (sandbox_*: --env python too)
 # A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics
 TAKEN_DOMAINS = ("mean", "std", "zero_std_groups", "grader_failures")
 
@@ -499,6 +499,14 @@ def turns(cfg: RunConfig):
     from environments import Turns
 
     return Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
+
+
+def environment(cfg: RunConfig, tokenizer):
+    """--env as the rollout takes it (environments.environment_for), checked before any model loads."""
+    from environments import environment_for
+
+    return environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout,
+                           (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory))
 
 
 def learning_rate(cfg: RunConfig) -> float:

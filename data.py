@@ -37,8 +37,10 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
             problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
         loaded[domain_name(src)] = task, problems, held
     code_files = [src for src in srcs if code_file[src]]
+    python_tool = getattr(cfg, "env", "") == "python"  # its programs run in the sandbox too
     unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
-              if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default]
+              if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default
+              and not (python_tool and name.startswith("sandbox"))]
     if unread and not code_files:
         raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
                         f"with tests), so nothing reads it; leave it at its default")

@@ -42,9 +42,6 @@ from dataclasses import dataclass, field
 
 from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithmetic, plugin_spec
 
-BUILT_IN = ("calculator", "python")
-
-
 @dataclass
 class Step:
     """An environment's answer to one turn."""
@@ -149,18 +146,23 @@ class PythonTool(ToolEnvironment):
     name, argument = "python", "code"
     description = "Runs a Python program (standard library only) and returns what it prints."
     pattern = re.compile(r"```python\n(.*?)```", re.S)
-    box = None  # one Sandbox per process, made on first use: code_grader.code_sandbox's choice
+    box = None  # the Sandbox programs run in, one per process: environment_for makes it (--sandbox, ...)
     making = threading.Lock()
+
+    @classmethod
+    def prepare(cls, isolation: str = "auto", timeout: float = 5.0, memory_mib: int = 1024) -> tuple[str, ...]:
+        """Make the sandbox (code_grader.code_sandbox: a DataError when `isolation` cannot work here);
+        its warnings when it isolates less than bubblewrap."""
+        from code_grader import code_sandbox
+        from sandbox import Limits
+        cls.box, notes = code_sandbox(isolation, Limits(timeout=timeout, memory=memory_mib << 20, stdout=64 << 10))
+        return notes
     plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
 
     def run(self, code: str) -> tuple[str, bool]:
         with PythonTool.making:  # traces answer from threads (rollout.answers); one sandbox for all
-            if PythonTool.box is None:
-                from code_grader import code_sandbox
-                from sandbox import Limits
-                PythonTool.box, notes = code_sandbox("auto", Limits(timeout=5.0, memory=512 << 20, stdout=64 << 10))
-                for note in notes:  # weaker isolation than bubblewrap: said once
-                    warnings.warn(note)
+            if PythonTool.box is None:  # a PythonTool made outside environment_for (tests, your code)
+                PythonTool.prepare()
         result = PythonTool.box.run(code)
         if result.killed:  # past the time or output limit, or never started: the trace ends, scored 0
             raise EnvironmentFailed(f"the sandbox ended the program: {result.killed}")
@@ -204,6 +206,9 @@ class Turns:
     max_tokens: int = 0  # a trace's context at most: query + turns + observations + the next turn's budget; 0 = no cap
 
 
+OWN = {"env/failures", "length/observation", "turns/mean"}  # what the rollout counts; an environment's details may not
+
+
 class Session:
     """One trace's environment as the rollout drives it: each turn's text in, the observation's
     token ids out (None: done), every failure caught and counted. details: the trace's numbers."""
@@ -230,14 +235,17 @@ class Session:
             if step.reward is not None and not is_reward(step.reward):
                 raise EnvironmentFailed(f"reward {step.reward!r} is not a number")
             numbers = {name: float(value) for name, value in step.details.items()}
-        except Exception:  # noqa: BLE001 - an environment's bug ends its trace, never the run
+            if set(numbers) & OWN:
+                raise EnvironmentFailed(f"details may not set {', '.join(sorted(set(numbers) & OWN))}")
+            ids = None if step.observation is None else \
+                self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
+        except Exception:  # noqa: BLE001 - an environment's bug (or text no tokenizer takes) ends its trace, never the run
             self.reward, self.details["env/failures"] = 0.0, 1
             return None
-        if step.observation is None:
+        if ids is None:
             self.reward = None if step.reward is None else float(step.reward)
             self.count(numbers)
             return None
-        ids = self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
         self.pending = {**numbers, "length/observation": len(ids)}
         return ids
 
@@ -254,44 +262,51 @@ class Session:
 class Observations:
     """An observation's token ids as the next turn's context: a "tool" message of the chat template
     (what follows the assistant's end-of-turn, up to and including the next assistant header), or
-    the plain text where the template has no tool role (or chat templates are off)."""
-
-    SENTINEL = "\x00TURN\x00"
+    the plain text where the template has no tool role (or chat templates are off). The text is
+    tokenised with special-token text split (a program printing "<|im_end|>" writes characters, not
+    a turn boundary); the frame's special tokens are the template's own."""
 
     def __init__(self, tokenizer, chat_template: bool):
         self.tokenizer, self.frame = tokenizer, None
         self.lock = threading.Lock()  # sessions answer from threads (rollout.answers); a tokenizer is not thread-safe
         if chat_template and tokenizer.chat_template:
-            self.frame = tool_frame(tokenizer, self.SENTINEL)
+            self.frame = tool_frame(tokenizer)
+            if self.frame is None:
+                warnings.warn("--env: the chat template renders no tool message; observations are appended as "
+                              "plain text in the tool's own frame")
 
     def __call__(self, text: str, cap: int, plain: tuple[str, str]) -> list[int]:
         """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids."""
         before, after = self.frame or plain
         with self.lock:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(ids) > cap:
-                text = self.tokenizer.decode(ids[:cap])
-            return self.tokenizer(before + text + after, add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"][:cap]
+            return [*self.ids(before), *ids, *self.ids(after)]
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-def tool_frame(tokenizer, sentinel: str) -> tuple[str, str] | None:
+TURN, TOOL = "SENTINELTURN7f3a", "SENTINELTOOL9c2b"  # plain letters: a template that escapes (tojson) keeps them
+
+
+def tool_frame(tokenizer) -> tuple[str, str] | None:
     """The text the chat template puts around a tool message after an assistant turn ends, up to
-    the next assistant header; None when the template has no tool role. The tiny model's template:
-    ("<|tool|>", "<|assistant|>") (its assistant turn ends with <eos>, the token the model wrote)."""
-    turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": sentinel}]
+    the next assistant header; None when the template has no tool role. Read off one render of
+    user, assistant, tool and the generation prompt (a template may render a last assistant turn
+    differently, as Qwen3's does). The tiny model's template: ("<|tool|>", "<|assistant|>") (its
+    assistant turn ends with <eos>, the token the model wrote)."""
+    chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TURN}, {"role": "tool", "content": TOOL}]
     try:
-        closed = tokenizer.apply_chat_template(turn, tokenize=False)
-        framed = tokenizer.apply_chat_template(turn + [{"role": "tool", "content": sentinel * 2}],
-                                               add_generation_prompt=True, tokenize=False)
+        framed = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     except Exception:  # noqa: BLE001 - a template that refuses the tool role has none
         return None
-    if not framed.startswith(closed[:closed.index(sentinel)]) or sentinel * 2 not in framed:
+    if TURN not in framed or TOOL not in framed or framed.index(TURN) > framed.index(TOOL):
         return None
     # what follows the assistant's text: its end-of-turn (written by the model: its stop id), then the frame
-    rest = framed[framed.index(sentinel) + len(sentinel):]
+    rest = framed[framed.index(TURN) + len(TURN):]
     eos = tokenizer.decode(stop_id_of(tokenizer))
     rest = rest[len(eos):] if eos and rest.startswith(eos) else rest
-    before, _, after = rest.partition(sentinel * 2)
+    before, _, after = rest.partition(TOOL)
     return before, after
 
 
@@ -305,24 +320,28 @@ class Environments:
     schemas to list in the prompt through the chat template (the built-in tools; None for a user's
     class, whose prompt is the task's)."""
 
-    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None):
+    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=()):
         self.make, self.render, self.cap, self.tools = make, render, cap, tools
+        self.warnings = tuple(notes)  # said once by train.py and eval.py (a sandbox weaker than bubblewrap)
 
     def __call__(self, problem: Problem) -> Session:
         return Session(self.make(problem), self.render, self.cap)
 
 
-def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0):
-    """--env spec -> Environments (None for "", the single-turn rollout). A user's class is checked
-    here (its file read, one worker started): a DataError names what is wrong."""
+def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0,
+                    sandbox: tuple = ("auto", 5.0, 1024)):
+    """--env spec -> Environments (None for "", the single-turn rollout). Checked here, before any
+    model loads: a user's class (its file read, one worker started), the python tool's sandbox
+    (`sandbox`: --sandbox, --sandbox-timeout, --sandbox-memory); a DataError names what is wrong."""
     if not spec:
         return None
     render, cap = Observations(tokenizer, chat_template), turns.max_observation_tokens
-    if spec in BUILT_IN:
-        tool = {"calculator": Calculator, "python": PythonTool}[spec]
-        return Environments(tool, render, cap, [tool.schema()])
+    if spec == "calculator":
+        return Environments(Calculator, render, cap, [Calculator.schema()])
+    if spec == "python":
+        return Environments(PythonTool, render, cap, [PythonTool.schema()], PythonTool.prepare(*sandbox))
     if plugin_spec(spec) is None:
-        raise DataError(f"--env {spec!r}: give {', '.join(BUILT_IN)} or path/to/file.py:Class")
+        raise DataError(f"--env {spec!r}: give calculator, python or path/to/file.py:Class")
     from env_worker import UserEnvironment
     pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN)
     pool.check()

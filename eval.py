@@ -288,16 +288,15 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import eval_settings, turns
-    from environments import environment_for
+    from config import environment, eval_settings
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
         task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-        environment = environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
-        check_prompts_fit(cfg, tokenizer, hf_config, problems, environment and environment.tools)
+        env = environment(cfg, tokenizer)
+        check_prompts_fit(cfg, tokenizer, hf_config, problems, env and env.tools)
         out = output_folder(args, first)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
@@ -309,7 +308,7 @@ def sample_and_grade(args, cfg, first: bool) -> None:
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
     settings = eval_settings(cfg)
     with autocast_context(cfg, device)():
-        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, environment=environment, **settings)
+        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, environment=env, **settings)
     if rank == 0:
         chunks = settings["chunking"]
         described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),

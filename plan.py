@@ -349,7 +349,8 @@ def prompt_tokens(cfg) -> int:
     if not cfg.env:
         return p
     longest = p + (cfg.max_turns - 1) * (cfg.max_new_tokens + cfg.max_observation_tokens + OBSERVATION_FRAME)
-    return min(longest, cfg.max_trace_tokens - cfg.max_new_tokens) if cfg.max_trace_tokens else longest
+    # the first turn's prompt is the query's, whatever the cap
+    return max(p, min(longest, cfg.max_trace_tokens - cfg.max_new_tokens)) if cfg.max_trace_tokens else longest
 
 
 def micro_batch(cfg, t: Target) -> tuple[int, int, int]:

@@ -189,14 +189,15 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
     comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
     the observation, so every turn's row holds exactly the context it was written in. A trace ends
     when its session says done, when a turn ends without a stop id (cut by max_new_tokens), at
-    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens.
+    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens or the
+    model's context (max_position_embeddings).
     q = [1, 2], turn 1 writes [7, eos], the observation is [5]: turn 2's prompt is [1, 2, 7, eos, 5].
 
     Each turn re-prefills its whole context (the engine and HF generate alike): the prefix cache of
     a Markovian trace needs the same columns in every round, and a turn's context grows by a
     different length in every trace (docs/measured.md: the cost against the turn's decode).
     """
-    stops = stop_ids(tokenizer)
+    stops, most = stop_ids(tokenizer), min((n for n in (turns.max_tokens, context_limit(lm)) if n), default=0)
     traces: list[list[Chunk]] = [[] for _ in queries]
     contexts, going = list(queries), list(range(len(queries)))
     for turn in range(turns.max_turns):
@@ -211,14 +212,20 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
             if observation is None:
                 continue
             context = contexts[i] + traces[i][-1].response_ids + observation
-            sessions[i].cut = (turn + 1 == turns.max_turns or
-                               bool(turns.max_tokens) and len(context) + sampling.max_new_tokens > turns.max_tokens)
+            sessions[i].cut = turn + 1 == turns.max_turns or bool(most) and len(context) + sampling.max_new_tokens > most
             if not sessions[i].cut:
                 sessions[i].seen()
                 contexts[i] = context
                 still.append(i)
         going = still
     return traces
+
+
+def context_limit(lm) -> int:
+    """The model's context, max_position_embeddings of its (text) config; 0 when it does not say."""
+    config = getattr(lm, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "max_position_embeddings", 0) or 0
 
 
 ANSWER_THREADS = 4

@@ -51,10 +51,9 @@ import data
 from algos import LossInputs
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
-from config import (Config, check_prompts_fit, chunking, eval_settings, learning_rate, parse_config, response_tokens,
-                    turns, validate)
+from config import (Config, check_prompts_fit, chunking, environment, eval_settings, learning_rate, parse_config,
+                    response_tokens, turns, validate)
 from engine import compile_count
-from environments import environment_for
 from eval import evaluate
 from lora import AdaptersOff, add_lora, check_targets, require_peft
 from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
@@ -512,10 +511,10 @@ def preflight(cfg: Config):
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
         require_peft("--lora-rank")
         check_targets(hf_config, cfg.lora_targets)
-    environment = environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout)
-    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, environment and environment.tools)
+    env = environment(cfg, tokenizer)
+    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, env and env.tools)
     run, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
-    return task, train_problems, heldout, environment, tokenizer, hf_config, run, start
+    return task, train_problems, heldout, env, tokenizer, hf_config, run, start
 
 
 def main(argv=None) -> None:
@@ -523,16 +522,16 @@ def main(argv=None) -> None:
     with ExitStack() as held:
         try:
             cfg = parse_config(argv)
-            task, train_problems, heldout, environment, tokenizer, hf_config, out, start = preflight(cfg)
+            task, train_problems, heldout, env, tokenizer, hf_config, out, start = preflight(cfg)
             if first:
                 held.enter_context(lock(out))  # the run folder is this process's until it exits
-                for note in task.warnings:  # a weak sandbox, said once
+                for note in (*task.warnings, *(env.warnings if env else ())):  # a weak sandbox, said once
                     print(f"warning: {note}", file=sys.stderr, flush=True)
         except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
             sys.exit(f"error: {e}" if first else 1)
         error = ""
         try:
-            train(cfg, task, train_problems, heldout, environment, tokenizer, hf_config, out, start)
+            train(cfg, task, train_problems, heldout, env, tokenizer, hf_config, out, start)
         except (CheckpointError, ModelError) as e:
             error = f"error: {e}"
         if error and first:

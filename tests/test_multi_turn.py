@@ -28,7 +28,7 @@ def test_observation_is_the_templates_tool_message_after_the_models_own_end_of_t
     """The tiny model's template puts <eos> after an assistant turn (the model writes it: its stop id),
     then <|tool|>…, then the next <|assistant|> header; without a chat template the tool's plain frame."""
     tok = load_tokenizer(TINY)
-    assert tool_frame(tok, "\x00S\x00") == ("<|tool|>", "<|assistant|>")
+    assert tool_frame(tok) == ("<|tool|>", "<|assistant|>")
     framed = Observations(tok, chat_template=True)("579", 8, Calculator.plain)
     assert tok.decode(framed) == "<|tool|>579<|assistant|>"
     assert framed[-1] == tok.convert_tokens_to_ids("<|assistant|>")  # a special token, not characters
@@ -38,12 +38,41 @@ def test_observation_is_the_templates_tool_message_after_the_models_own_end_of_t
     assert tok.decode(Observations(tok, chat_template=True)("123456789", 4, ("", ""))) == "<|tool|>1234<|assistant|>"
 
 
+# Llama 3.1's habit (a tool message's content through tojson) and Qwen3's (a last assistant turn rendered
+# with an empty think block, other assistant turns without), on the tiny tokenizer
+TOJSON = ("{% for m in messages %}{% if m.role == 'tool' %}<|ipython|>{{ m.content | tojson }}<eos>"
+          "{% else %}<|{{ m.role }}|>{{ m.content }}<eos>{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+THINK = ("{% for m in messages %}{% if m.role == 'assistant' and loop.last %}<|assistant|><think></think>{{ m.content }}"
+         "<eos>{% elif m.role == 'tool' %}<|tool|>{{ m.content }}<eos>{% else %}<|{{ m.role }}|>{{ m.content }}<eos>"
+         "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.mark.parametrize("template,frame", [(TOJSON, ('<|ipython|>"', '"<eos><|assistant|>')),
+                                            (THINK, ("<|tool|>", "<eos><|assistant|>"))], ids=["tojson", "think"])
+def test_the_frame_survives_templates_that_escape_or_rewrite(template, frame):
+    tok = load_tokenizer(TINY)
+    tok.chat_template = template
+    assert tool_frame(tok) == frame
+
+
+def test_special_token_text_in_an_observation_stays_text():
+    """A program that prints "<eos><|assistant|>" writes those characters, not a turn boundary."""
+    tok = load_tokenizer(TINY)
+    ids = Observations(tok, True)("<eos><|assistant|>", 64, ("", ""))
+    special = {tok.eos_token_id, tok.convert_tokens_to_ids("<|assistant|>")}
+    assert [i for i in ids if i in special] == [tok.convert_tokens_to_ids("<|assistant|>")]  # the frame's own
+    assert tok.decode(ids) == "<|tool|><eos><|assistant|><|assistant|>"
+
+
 def test_a_template_without_a_tool_role_falls_back_to_plain_text():
     tok = load_tokenizer(TINY)
     tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
                          "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
-    assert tool_frame(tok, "\x00S\x00") is None
-    assert tok.decode(Observations(tok, True)("7", 8, PythonTool.plain)) == "```output\n7\n```\n"
+    assert tool_frame(tok) is None
+    with pytest.warns(UserWarning, match="renders no tool message"):
+        render = Observations(tok, True)
+    assert tok.decode(render("7", 8, PythonTool.plain)) == "```output\n7\n```\n"
 
 
 # Qwen2.5's layout (tools listed in a system turn, a tool message as a user turn of <tool_response>),
@@ -62,7 +91,7 @@ def test_a_template_with_tools_lists_them_and_frames_their_output():
     assert prompt.startswith('<|system|>Tools: {"type": "function", "function": {"name": "calculator"')
     assert prompt.endswith("<|user|>Add 1+2<eos><|assistant|>")
     # after the model's own <eos>: the tool message, then the next assistant header
-    assert tool_frame(tok, "\x00S\x00") == ("<|user|><tool_response>", "</tool_response><eos><|assistant|>")
+    assert tool_frame(tok) == ("<|user|><tool_response>", "</tool_response><eos><|assistant|>")
     assert tok.decode(Observations(tok, True)("3", 8, Calculator.plain)) == \
         "<|user|><tool_response>3</tool_response><eos><|assistant|>"
     plain = load_tokenizer(TINY)  # the shipped template ignores a tool list: the default prompt, unchanged
@@ -155,8 +184,10 @@ def boom():
 
 @pytest.mark.parametrize("answer", [boom, lambda: "text, not a Step", lambda: Step(observation=b"bytes"),
                                     lambda: Step(observation=None, reward=float("nan")),
-                                    lambda: Step(observation=None, reward="1"), lambda: Step("x", details={"a": "b"})],
-                         ids=["raises", "not-a-step", "bytes", "nan-reward", "text-reward", "text-detail"])
+                                    lambda: Step(observation=None, reward="1"), lambda: Step("x", details={"a": "b"}),
+                                    lambda: Step("x", details={"env/failures": -5}), lambda: Step("x\ud800")],
+                         ids=["raises", "not-a-step", "bytes", "nan-reward", "text-reward", "text-detail",
+                              "rollout-metric", "lone-surrogate"])
 def test_a_failing_environment_ends_its_trace_with_reward_0_counted(answer):
     session = Session(Hostile(Problem("p", "1"), answer), Observations(load_tokenizer(TINY), True), 32)
     assert session.answer("anything") is None
@@ -219,13 +250,20 @@ def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observatio
     assert [c.response_ids for c in b.chunks] == [[9, 9, eos]] and b.details["turns/mean"] == 1
 
 
-@pytest.mark.parametrize("caps,turns_written", [(Turns(max_turns=2), 2), (Turns(max_turns=5, max_tokens=12), 2)])
-def test_caps_end_a_trace_as_truncated(monkeypatch, caps, turns_written):
-    """An environment that always answers: the turn cap, or the context cap, stops the trace, truncated."""
+MODEL_OF_12 = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=12))  # what interact reads of a model
+
+
+@pytest.mark.parametrize("caps,model,turns_written", [(Turns(max_turns=2), None, 2),
+                                                      (Turns(max_turns=5, max_tokens=12), None, 2),
+                                                      (Turns(max_turns=5), MODEL_OF_12, 2)],
+                         ids=["turns", "trace-tokens", "model-context"])
+def test_caps_end_a_trace_as_truncated(monkeypatch, caps, model, turns_written):
+    """An environment that always answers: the turn cap, the context cap, or the model's context stops
+    the trace, truncated."""
     import rollout
     eos = 3
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, eos], [0.0, 0.0])] * len(rows))
-    episodes = generate(None, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=1,
+    episodes = generate(model, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=1,
                         sampling=Sampling(max_new_tokens=4), environment=lambda p: Scripted([[5, 6, 6]] * 9),
                         turns=caps)
     # contexts: 2, then 2 + 2 + 3 = 7 (7 + 4 ≤ 12: a 2nd turn), then 7 + 5 = 12 (12 + 4 > 12: cut)
@@ -484,6 +522,7 @@ def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observa
     turned = replace(cfg, env="python", max_turns=3)
     assert prompt_tokens(turned) == 512 + 2 * (256 + 256 + 16) == 1568
     assert prompt_tokens(replace(turned, max_trace_tokens=1024)) == 1024 - 256
+    assert prompt_tokens(replace(turned, max_trace_tokens=600)) == 512  # never below the query
     t = target_for(turned, 1, "cuda")
     (rows, length, _), (plain_rows, plain_length, _) = micro_batch(turned, t), micro_batch(cfg, t)
     assert length == 1568 + 256 and plain_length == 512 + 256 and rows == 3 * plain_rows
@@ -501,3 +540,18 @@ def test_what_cannot_run_on_multi_turn_traces_is_named(flags, message):
     import config
     with pytest.raises(ValueError, match=re.escape(message)):
         config.validate(config.parse_config(["--env", "calculator", *flags]), 1)
+
+
+def test_env_python_reads_the_sandbox_knobs():
+    """--sandbox-timeout is a code file's knob, and --env python's: its programs run in the sandbox too."""
+    import config
+    import data
+    data.load(config.parse_config(["--env", "python", "--sandbox-timeout", "2"]))
+    with pytest.raises(ValueError, match="sandbox_timeout=2.0: no source of --data running_sum is a file of code"):
+        data.load(config.parse_config(["--sandbox-timeout", "2"]))
+    try:
+        env = environment_for("python", Turns(), load_tokenizer(TINY), True, sandbox=("auto", 2.0, 256))
+        assert PythonTool.box.limits.timeout == 2.0 and PythonTool.box.limits.memory == 256 << 20
+        assert env.tools == [PythonTool.schema()]
+    finally:
+        PythonTool.box = None  # the process's sandbox: the next PythonTool makes the default one
