@@ -153,10 +153,7 @@ class _Invalid(Exception):
 
 def _number(value) -> float | None:
     """value as a float when it is a finite real number (rewards.is_reward: bool and numpy scalars too)."""
-    try:
-        return float(value) if is_reward(value) else None
-    except OverflowError:  # an int past float's range: math.isfinite cannot take it
-        return None
+    return float(value) if is_reward(value) else None
 
 
 def _checked(result, max_chars: int) -> dict:

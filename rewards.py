@@ -107,8 +107,12 @@ def graded(grade, problem: Problem, response: str) -> Verdict:
 
 
 def is_reward(value) -> bool:
-    """A finite real number (bool and numpy scalars included): 1, 0.5, True -> True; "1", nan -> False."""
-    return isinstance(value, numbers.Real) and math.isfinite(value)
+    """A finite real number (bool and numpy scalars included): 1, 0.5, True -> True; "1", nan, 10**400
+    (past a float's range) -> False."""
+    try:
+        return isinstance(value, numbers.Real) and math.isfinite(value)
+    except OverflowError:  # math.isfinite of an int too large for a float
+        return False
 
 
 def grades_safely(grade):

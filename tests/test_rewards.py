@@ -96,3 +96,11 @@ def test_pass_at_k_spec_values():
     assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
     assert pass_at_k(4, 2, 2) == pytest.approx(0.833333, abs=1e-6)
     assert pass_at_k(256, 3, 64) == pytest.approx(0.5797823066, abs=1e-9)
+
+
+def test_a_grader_returning_a_number_past_floats_range_scores_0_without_raising():
+    """math.isfinite(10**400) raises OverflowError: is_reward says False, and graded counts an error."""
+    from rewards import Problem, graded, is_reward
+    assert not is_reward(10 ** 400) and is_reward(10 ** 300) and is_reward(True)
+    verdict = graded(lambda problem, response: 10 ** 400, Problem("p", "1"), "r")
+    assert verdict.reward == 0.0 and verdict.failure == "error"
