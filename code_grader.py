@@ -137,23 +137,33 @@ def _text(value, where: str) -> str:
 
 def extract_program(response: str) -> str | None:
     """The body of the last closed ```python (or ```py) fence, dedented; None if there is none.
+    "```python\\nprint(1)\\n```\\ntext ```python\\nx" -> "print(1)\\n"; a body past
+    MAX_PROGRAM_CHARS -> "" (no sane solution)."""
+    found = python_block(response)
+    if found is None:
+        return None
+    _, start, end = found
+    return textwrap.dedent(response[start:end]) if end - start <= MAX_PROGRAM_CHARS else ""
+
+
+def python_block(response: str) -> tuple[int, int, int] | None:
+    """(where its opening fence starts, where its body starts, where it ends) of the last closed
+    ```python (or ```py) fence; None if there is none (also --env python's call, environments.py).
 
     Fences are CommonMark's: a line starting (after spaces) with ```; a fence closes a block when
     nothing but backticks and spaces follow it. One pass over the fence lines, linear in the length
-    of any response. An unclosed block (a response cut at the length limit) is no program:
-    "```python\\nprint(1)\\n```\\ntext ```python\\nx" -> "print(1)\\n"."""
-    block_start, is_python, last = None, False, None
+    of any response. An unclosed block (a response cut at the length limit) is no program."""
+    opened, block_start, is_python, last = 0, None, False, None
     for fence in _FENCE.finditer(response):
         info = fence.group(1).strip()
         if block_start is None:
-            block_start, is_python = fence.end() + 1, info[:16].split(" ")[0].lower() in PYTHON_FENCES
+            opened, block_start = fence.start(), fence.end() + 1
+            is_python = info[:16].split(" ")[0].lower() in PYTHON_FENCES
         elif not info.strip("`"):
             if is_python:
-                last = (block_start, fence.start())
+                last = (opened, block_start, fence.start())
             block_start = None
-    if last is None:
-        return None
-    return textwrap.dedent(response[last[0]:last[1]]) if last[1] - last[0] <= MAX_PROGRAM_CHARS else ""
+    return last
 
 
 def outputs_match(got: str, expected: str) -> bool:

@@ -36,11 +36,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import textwrap
 import threading
 import warnings
 from dataclasses import dataclass, field
 
 from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithmetic, plugin_spec
+
 
 @dataclass
 class Step:
@@ -69,11 +71,10 @@ class ToolEnvironment(Environment):
     (the task grades it). A call is written either as the chat template writes tool calls (Qwen2.5,
     Qwen3, Hermes: <tool_call>{"name": NAME, "arguments": {ARGUMENT: ...}}</tool_call>, the tool
     listed in the prompt by `apply_chat_template(tools=[schema])`) or in the tool's plain form
-    (`pattern`); the last call of a turn is run. Subclasses give the tool's name, argument,
+    (`plain_call`); the last call of a turn is run. Subclasses give the tool's name, argument,
     description, plain form and `run`."""
 
     name = argument = description = ""
-    pattern: re.Pattern = re.compile(r"(?!)")  # the plain form; group 1 is the argument
     MAX_CALL_CHARS = 16384  # a <tool_call> body longer than this is not read as JSON
 
     @classmethod
@@ -83,9 +84,14 @@ class ToolEnvironment(Environment):
             "name": cls.name, "description": cls.description,
             "parameters": {"type": "object", "properties": {cls.argument: {"type": "string"}}, "required": [cls.argument]}}}
 
+    def plain_call(self, turn: str) -> tuple[int, str] | None:
+        """(where it starts, its argument) of the turn's last call in the tool's plain form."""
+        raise NotImplementedError
+
     def call(self, turn: str) -> str | None:
         """The argument of the turn's last call, in either form; None without one."""
-        calls = [(m.start(), m.group(1)) for m in self.pattern.finditer(turn)]
+        plain = self.plain_call(turn)
+        calls = [plain] if plain else []
         for m in TOOL_CALL.finditer(turn):
             body = m.group(1) if len(m.group(1)) <= self.MAX_CALL_CHARS else ""
             try:
@@ -120,9 +126,12 @@ class Calculator(ToolEnvironment):
 
     name, argument = "calculator", "expression"
     description = "Exact arithmetic: + - * / and parentheses over integers; the value, an integer or a fraction."
-    pattern = re.compile(r"<calc>(.*?)</calc>", re.S)
     MAX_CHARS = 200  # longer expressions are refused before parsing
     plain = ("<result>", "</result>")
+
+    def plain_call(self, turn: str) -> tuple[int, str] | None:
+        calls = [(m.start(), m.group(1)) for m in re.finditer(r"<calc>(.*?)</calc>", turn, re.S)]
+        return calls[-1] if calls else None
 
     def run(self, code: str) -> tuple[str, bool]:
         if len(code) > self.MAX_CHARS:
@@ -145,7 +154,6 @@ class PythonTool(ToolEnvironment):
 
     name, argument = "python", "code"
     description = "Runs a Python program (standard library only) and returns what it prints."
-    pattern = re.compile(r"```python\n(.*?)```", re.S)
     box = None  # the Sandbox programs run in, one per process: environment_for makes it (--sandbox, ...)
     making = threading.Lock()
 
@@ -158,6 +166,12 @@ class PythonTool(ToolEnvironment):
         cls.box, notes = code_sandbox(isolation, Limits(timeout=timeout, memory=memory_mib << 20, stdout=64 << 10))
         return notes
     plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
+
+    def plain_call(self, turn: str) -> tuple[int, str] | None:
+        """The last closed ```python block, read as code problems read a response's program."""
+        from code_grader import python_block
+        found = python_block(turn)
+        return None if found is None else (found[0], textwrap.dedent(turn[found[1]:found[2]]))
 
     def run(self, code: str) -> tuple[str, bool]:
         with PythonTool.making:  # traces answer from threads (rollout.answers); one sandbox for all

@@ -114,6 +114,18 @@ def test_a_call_in_the_templates_tool_call_form(turn, code):
     assert Calculator(Problem("p", "5")).call(turn) == code
 
 
+@pytest.mark.parametrize("turn,code", [
+    ("```py\n  print(5)\n```", "print(5)\n"),  # a response's program as code problems read it: ```py, dedented
+    ("```python\nprint(1)\n```\n```python\nprint(2)", "print(1)\n"),  # an unclosed block is no call
+    ('```python\nprint(1)\n```\n<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>',
+     "print(2)"),
+    ('<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>\n```python\nprint(1)\n```',
+     "print(1)\n"),
+])
+def test_python_tool_reads_the_last_block_or_call(turn, code):
+    assert PythonTool(Problem("p", "1")).call(turn) == code
+
+
 def test_python_tool_call_in_the_templates_form():
     step = PythonTool(Problem("p", "3")).step('<tool_call>{"name": "python", "arguments": {"code": "print(1 + 2)"}}'
                                               '</tool_call>')
