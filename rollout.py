@@ -144,7 +144,7 @@ def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]]
                  for i, (q, chunks, p) in enumerate(zip(queries, traces, owners))]
         if environment is not None:
             for e, session in zip(batch, sessions):
-                settle_trace(e, session, tokenizer, turns)
+                settle_trace(e, session, tokenizer)
         episodes += batch
     return episodes
 
@@ -240,7 +240,7 @@ def answers(tokenizer, sessions: list, turns: list[list[int]]) -> list[list[int]
         return list(pool.map(lambda session, text: session.answer(text), sessions, texts))
 
 
-def settle_trace(e: Episode, session, tokenizer, turns) -> None:
+def settle_trace(e: Episode, session, tokenizer) -> None:
     """What a multi-turn Episode keeps of its session: the environment's reward, its numbers, and
     the grader's text, the last turn alone (never an observation, which a tool could fill with a
     forged answer). A trace the caps stopped while its environment still answered is truncated."""
