@@ -359,6 +359,8 @@ def knob_checks(cfg: RunConfig, algo) -> list[tuple[bool, str]]:
 
 def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
     """How the rollout batch is cut into mini-batches, groups and micro-batches."""
+    from algos.base import several_rows  # (the registry is loaded: `algo` came from it)
+
     whole = f"--algo {cfg.algo} compares every response with the rest of its group"
     return [
         (cfg.prompts_per_step % world == 0,
@@ -382,7 +384,7 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
          f"{whole}: it needs train_on=all and mask_truncated=false, not train_on={cfg.train_on}"),
         (not algo.whole_groups or not cfg.mask_truncated,
          f"{whole}: it needs train_on=all and mask_truncated=false, not mask_truncated=true"),
-        (not algo.whole_groups or not multi_row(cfg),
+        (not algo.whole_groups or not several_rows(cfg),
          f"--algo {cfg.algo} scores whole responses against their group; with "
          f"{'--env' if cfg.env else 'max_chunks > 1'} a response is split over several rows, which it does not "
          f"support: {'drop --env' if cfg.env else 'set max_chunks 1'}"),
@@ -487,11 +489,6 @@ def response_tokens(cfg: RunConfig) -> int:
     if cfg.env:
         return cfg.max_turns * cfg.max_new_tokens
     return chunking(cfg).max_tokens(cfg.max_new_tokens)
-
-
-def multi_row(cfg: RunConfig) -> bool:
-    """Whether a response may be several training rows: a Markovian or a multi-turn trace."""
-    return cfg.max_chunks > 1 or bool(cfg.env)
 
 
 def turns(cfg: RunConfig):

@@ -97,3 +97,9 @@ class LossInputs:
     is_weight: torch.Tensor | None = None  # [n, T] sampler/trainer importance weight (rollout.sampler_correction)
     selected: torch.Tensor | None = None  # [n, T] bool, Algorithm.select_tokens's choice (Clip-Cov, KL-Cov)
     high_entropy: torch.Tensor | None = None  # [n, T] bool, --top-entropy-quantile's kept tokens; None: off
+
+
+def several_rows(cfg) -> bool:
+    """Whether a response may be several training rows (a Markovian or a multi-turn trace), which a
+    loss that scores a whole response in one row (PACS, GSPO) cannot take."""
+    return cfg.max_chunks > 1 or bool(cfg.env)

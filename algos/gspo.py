@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from algos import policy_gradient
-from algos.base import Algorithm, LossInputs
+from algos.base import Algorithm, LossInputs, several_rows
 
 PRESET = dict(adv_norm="group", clip_low=3e-4, clip_high=4e-4, mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
@@ -65,7 +65,7 @@ def loss(mb: LossInputs, cfg, totals: dict):
 
 def check(cfg) -> str:
     """A trace spread over several rows (Markovian, multi-turn) has no whole-response ratio in any one row."""
-    if cfg.max_chunks == 1 and not cfg.env:
+    if not several_rows(cfg):
         return ""
     return ("--algo gspo clips each response's whole ratio, which a Markovian or multi-turn trace split over rows "
             "does not have in one row: set max_chunks 1, no --env")
