@@ -31,7 +31,6 @@ import yaml
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from lora import lora_files
 from model import load_trainer_state, save_checkpoint, save_hf, unreadable
 from parallel import all_reduce_sum, compute_dtype, full_state_dict, load_train_state, save_train_state
 
@@ -251,7 +250,7 @@ def resume(start: Path | None, lm, optimizer, scheduler, cfg, world: int, say) -
 def open_run(run: Path, cfg, logged: int, say) -> None:
     """Global rank 0 readies the run folder: what a killed save left is removed, checkpoints after
     the one resumed from are set aside, log rows after step `logged` dropped (they are replayed),
-    and config.yaml written (and said)."""
+    and config.yaml written (train.py then says what it sets apart from the defaults: config.config_note)."""
     removed = clean_partials(run)
     if removed:
         say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
@@ -259,20 +258,20 @@ def open_run(run: Path, cfg, logged: int, say) -> None:
         say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
     if cfg.resume:
         truncate_logs(run, logged)
-    settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
-    (run / "config.yaml").write_text(settings)
-    say(settings)
+    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
 def save_run(run: Path, step: int, *, cfg, lm, optimizer, adapters, trainer_state: dict, hf_config, tokenizer,
              rank: int, device) -> None:
     """Checkpoint step-N of a training run (every rank calls: the weights are gathered, the optimizer
-    state written as shards): HF weights in save_dtype, or with LoRA the files of lora.lora_files,
+    state written as shards): HF weights in save_dtype, or with LoRA the files of extras/lora.py's lora_files,
     plus trainer_state.pt and train_config.yaml, which --resume reads."""
     dtype = {"auto": compute_dtype(cfg, device), "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
     if adapters is None:
         weights, more = full_state_dict(lm, dtype), None
     else:
+        from extras.lora import lora_files
+
         weights, more = {}, lora_files(lm, adapters, dtype=dtype, scale=cfg.lora_alpha / cfg.lora_rank,
                                        merge=cfg.lora_save_merged or step == cfg.max_steps)
 

@@ -193,8 +193,23 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 
 def _kind(name: str) -> type:
-    f = (RunConfig if name in RunConfig.__dataclass_fields__ else config_class()).__dataclass_fields__[name]
-    return type(f.default_factory() if f.default is dataclasses.MISSING else f.default)
+    return type(default((RunConfig if name in RunConfig.__dataclass_fields__ else config_class()).__dataclass_fields__[name]))
+
+
+def default(f: dataclasses.Field):
+    """A dataclass field's default value."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def config_note(cfg: RunConfig, saved: Path) -> str:
+    """What a run says of its config before its first step: where every field went, and the fields this
+    run sets apart from the defaults (the algorithm's preset, a --config file, the command line), one
+    `key: value` line each, instead of all ~100."""
+    changed = {f.name: getattr(cfg, f.name) for f in fields(cfg) if getattr(cfg, f.name) != default(f)}
+    if not changed:
+        return f"config: every field in {saved}; this run keeps every default"
+    return (f"config: every field in {saved}; this run sets apart from the defaults:\n"
+            + "\n".join("  " + line for line in yaml.safe_dump(changed, sort_keys=False).splitlines()))
 
 
 def _parser_for(kind):
@@ -299,9 +314,9 @@ def validate(cfg: RunConfig, world: int) -> None:
 def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """The rules between the fields of a training run (or a sampled eval)."""
     return [
-        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunking(cfg).head <= chunking(cfg).carryover
-         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunking(cfg).head}) ≤ carryover "
-         f"({chunking(cfg).carryover}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
+        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunk_head(cfg) <= carryover(cfg)
+         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunk_head(cfg)}) ≤ carryover "
+         f"({carryover(cfg)}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
         (not (cfg.env and max(cfg.max_chunks, cfg.eval_max_chunks) > 1),
          "--env writes multi-turn traces and max_chunks > 1 Markovian ones: one or the other"),
         (not cfg.max_trace_tokens or cfg.max_trace_tokens >= cfg.max_new_tokens,
@@ -472,38 +487,51 @@ def data_weights(cfg: RunConfig) -> list[float]:
     return [w / sum(given) for w in given]
 
 
+def carryover(cfg: RunConfig) -> int:
+    """m, the tokens a Markovian chunk carries into the next one's prompt: carryover, or C/2 when 0."""
+    return cfg.carryover or cfg.max_new_tokens // 2
+
+
+def chunk_head(cfg: RunConfig) -> int:
+    """h ≤ m, the first tokens of chunk 1 every later chunk keeps: chunk_head, or min(100, m) when −1
+    (the official 100)."""
+    return min(100, carryover(cfg)) if cfg.chunk_head < 0 else cfg.chunk_head
+
+
 def chunking(cfg: RunConfig, evaluation: bool = False):
-    """The Markovian-thinking knobs as rollout.py takes them, a rollout.Chunking (max_chunks 1: a plain
-    rollout)."""
-    from rollout import Chunking
+    """The Markovian-thinking knobs as extras/markovian.py takes them, a Markovian (max_chunks 1: a
+    plain rollout)."""
+    from extras.markovian import Markovian
 
     chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
-    carryover = cfg.carryover or cfg.max_new_tokens // 2
-    return Chunking(carryover=carryover, head=min(100, carryover) if cfg.chunk_head < 0 else cfg.chunk_head,
-                    max_chunks=chunks)
+    return Markovian(carryover=carryover(cfg), head=chunk_head(cfg), max_chunks=chunks)
 
 
 def response_tokens(cfg: RunConfig) -> int:
-    """Generated tokens a training response can reach: C + (I − 1)(C − m), or max_new_tokens; with
-    --env, max_turns turns of max_new_tokens (observations are not generated)."""
+    """Generated tokens a training response can reach: max_new_tokens, or for a Markovian trace
+    C + (I − 1)(C − m); with --env, max_turns turns of max_new_tokens (observations are not generated)."""
     if cfg.env:
         return cfg.max_turns * cfg.max_new_tokens
-    return chunking(cfg).max_tokens(cfg.max_new_tokens)
+    return cfg.max_new_tokens + (cfg.max_chunks - 1) * (cfg.max_new_tokens - carryover(cfg))
 
 
-def turns(cfg: RunConfig):
-    """The multi-turn caps as rollout.interact takes them, an environments.Turns."""
-    from environments import Turns
+def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
+    """(the training rollout's shape, the held-out eval's), as rollout.generate takes them, built once
+    before any model loads: turns with an environment (--env, environments/rollout.py; a user's file
+    and the python tool's sandbox are checked here), Markovian chunks (max_chunks > 1, at eval
+    eval_max_chunks: extras/markovian.py), or the plain rollout (rollout.PLAIN)."""
+    if not cfg.env:
+        from rollout import PLAIN
 
-    return Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
+        chunks = {False: cfg.max_chunks, True: cfg.eval_max_chunks or cfg.max_chunks}  # evaluation -> I
+        return tuple(chunking(cfg, evaluation) if chunks[evaluation] > 1 else PLAIN for evaluation in (False, True))
+    from environments import Turns, environment_for
+    from environments.rollout import MultiTurn
 
-
-def environment(cfg: RunConfig, tokenizer):
-    """--env as the rollout takes it (environments.environment_for), checked before any model loads."""
-    from environments import environment_for
-
-    return environment_for(cfg.env, turns(cfg), tokenizer, cfg.chat_template, cfg.env_timeout,
-                           (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory))
+    turns = Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
+    shape = MultiTurn(environment_for(cfg.env, turns, tokenizer, cfg.chat_template, cfg.env_timeout,
+                                      (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory)), turns)
+    return shape, shape
 
 
 def learning_rate(cfg: RunConfig) -> float:
@@ -511,16 +539,16 @@ def learning_rate(cfg: RunConfig) -> float:
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
-def eval_settings(cfg: RunConfig) -> dict:
-    """evaluate()'s keyword arguments from the eval fields: train.py's periodic eval and a
-    stand-alone `eval.py --config` run take them from here, so their numbers agree."""
+def eval_settings(cfg: RunConfig, shape) -> dict:
+    """evaluate()'s keyword arguments from the eval fields and the eval's rollout shape (rollout_shapes):
+    train.py's periodic eval and a stand-alone `eval.py --config` run take them from here, so their
+    numbers agree."""
     from rollout import Sampling
 
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
                                   cfg.engine, cfg.engine_compile),
-                chunking=chunking(cfg, evaluation=True), turns=turns(cfg), chat_template=cfg.chat_template,
-                answer_after=cfg.answer_after, seed=cfg.seed + 7919)
+                shape=shape, chat_template=cfg.chat_template, answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 
 def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems, tools: list[dict] | None = None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
-from mixed import mix
 from rewards import DataError, Problem
 from tasks import (CODE_TEMPLATES, TASKS, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
                    with_template)
@@ -47,7 +46,11 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     if cfg.prompt_template and len(code_files) == len(srcs):
         raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
                         f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
-    return mix(loaded, data_weights(cfg)) if mixed else loaded[domain_name(srcs[0])]
+    if not mixed:
+        return loaded[domain_name(srcs[0])]
+    from extras.mixed import mix
+
+    return mix(loaded, data_weights(cfg))
 
 
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
@@ -64,7 +67,7 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
         if reward:
             raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
                             f"graded by running them; drop --reward")
-        from code_grader import CodeTask  # the sandbox is imported only when a run has code problems
+        from grading.code import CodeTask  # the sandbox is imported only when a run has code problems
 
         return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
     if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():

@@ -39,7 +39,6 @@ from tqdm import tqdm
 from config import check_prompts_fit, validate
 from data import load
 from rewards import DataError, grade_batch
-import responses as responses_file
 from tasks import detail_means, has_own_splits, per_domain
 
 PRESETS = {  # sampling at eval; "paper": ROVER, PACS and NSR evaluation settings (docs/math.md §6)
@@ -129,20 +128,19 @@ def summarize_domains(records: list[dict], ks: list[int]) -> dict:
 
 
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, chat_template: bool, seed: int,
-             chunking=None, greedy: bool = False, batch_size: int = 256, answer_after: str = "",
-             environment=None, turns=None, progress: bool = False) -> tuple[dict, list[dict]]:
-    """Sample n responses per problem (rollout.Sampling; batch_size sequences per generate call; with
-    Markovian thinking the rollout.Chunking's max_chunks is the cap I, None: plain; with an
-    environment, multi-turn traces within `turns`, see rollout.generate), and one greedy
-    response if asked; grade them. Returns (metrics of `summarize`, one record per problem in order),
-    the same on every rank."""
+             shape=None, greedy: bool = False, batch_size: int = 256, answer_after: str = "",
+             progress: bool = False) -> tuple[dict, list[dict]]:
+    """Sample n responses per problem (rollout.Sampling; batch_size sequences per generate call; the
+    rollout's `shape`, config.rollout_shapes' second, None: plain), and one greedy response if
+    asked; grade them. Returns (metrics of `summarize`, one record per problem in order), the same
+    on every rank."""
     # here, not at the top: grading given responses (main) samples nothing and loads no torch
     import torch
     import torch.distributed as dist
 
-    from rollout import Chunking, encode_prompts, generate
+    from rollout import PLAIN, encode_prompts, generate
 
-    chunking, tools = chunking or Chunking(), environment and environment.tools
+    shape = shape or PLAIN
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_call = max(1, batch_size // n)
@@ -152,8 +150,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
             batch = problems[start:start + per_call]
             torch.manual_seed(seed + b)
-            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, tools),
-                                group_size=n, sampling=sampling, chunking=chunking, environment=environment, turns=turns)
+            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools),
+                                group_size=n, sampling=sampling, shape=shape)
             records = graded(task, episodes, tokenizer, answer_after)
             for j in range(len(batch)):
                 samples[start + j] = records[j * n:(j + 1) * n]
@@ -161,9 +159,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
             if b % world == rank:
                 batch = problems[start:start + batch_size]
-                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, tools),
-                                    group_size=1, sampling=replace(sampling, temperature=0.0), chunking=chunking,
-                                    environment=environment, turns=turns)
+                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools),
+                                    group_size=1, sampling=replace(sampling, temperature=0.0), shape=shape)
                 best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:
         parts = [None] * world
@@ -179,6 +176,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
     from config import Parser, _parser_for, parse_config
+    from grading import responses as responses_file
 
     parser = Parser(
         description=__doc__ + "\n" + responses_file.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -261,6 +259,8 @@ def output_folder(args, first: bool) -> Path:
 
 def grade_given(args, cfg, first: bool) -> None:
     """eval.py --responses: grade the file's responses to the held-out problems; no model, no torch."""
+    from grading import responses as responses_file
+
     task = None
     try:
         task, problems = held_out(cfg, first)
@@ -288,15 +288,15 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import environment, eval_settings
+    from config import carryover, chunk_head, eval_settings, rollout_shapes
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
         task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-        env = environment(cfg, tokenizer)
-        check_prompts_fit(cfg, tokenizer, hf_config, problems, env and env.tools)
+        _, shape = rollout_shapes(cfg, tokenizer)  # the held-out eval's
+        check_prompts_fit(cfg, tokenizer, hf_config, problems, shape.tools)
         out = output_folder(args, first)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}" if first else 1)
@@ -306,22 +306,22 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     # the weights as train.py's policy forward sees them, so that the numbers agree with its eval
     lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
-    settings = eval_settings(cfg)
+    settings = eval_settings(cfg, shape)
     with autocast_context(cfg, device)():
-        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, environment=env, **settings)
+        metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
-        chunks = settings["chunking"]
+        chunks = cfg.eval_max_chunks or cfg.max_chunks
         described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
                      "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
                      "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
-                     "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
+                     "max_chunks": chunks, "carryover": carryover(cfg), "chunk_head": chunk_head(cfg),
                      "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
         step, name = args.step, Path(cfg.model).name
         if step is None:
             step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
         write_results(out, step, described, metrics, records,
                       f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
-                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
+                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks}")
     teardown()
 
 

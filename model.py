@@ -8,6 +8,7 @@ computed only at completion positions, from the decoder's last hidden state, in 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +21,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from lora import adapter_base, merged
 
 
 def check_model_folder(path: str, trust_remote_code: bool = False):
     """(tokenizer, HF config) of a local model folder, before any weight is read; every problem
     is a ValueError naming the folder and what it lacks (HF would say it tried the hub). A LoRA
-    adapter folder (lora.py) gives its base model's."""
+    adapter folder (extras/lora.py) gives its base model's."""
     base = adapter_base(path)
     if base is not None:
         if not Path(base, "config.json").is_file():
@@ -54,6 +54,18 @@ def check_model_folder(path: str, trust_remote_code: bool = False):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"--model {path}: cannot load its config or tokenizer ({first})") from None
     return tokenizer, config
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model folder that a LoRA adapter folder (adapter_config.json, no config.json; see
+    extras/lora.py) names; None for any other folder."""
+    folder = Path(path)
+    if (folder / "config.json").is_file() or not (folder / "adapter_config.json").is_file():
+        return None
+    from extras.lora import require_peft
+
+    require_peft(f"--model {path} (a LoRA adapter folder)")
+    return json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
 
 
 def unreadable(file: Path) -> str:
@@ -108,9 +120,11 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
     """A causal LM on `device`. Trainable: in train mode, so that HF's gradient checkpointing
     engages (it only does in train mode), with every dropout rate of its config set to 0, so
     that the π_old and π_θ forwards of the same weights are the same function. Frozen: eval
-    mode, no gradients. A LoRA adapter folder (lora.py): its base model with the adapters merged."""
+    mode, no gradients. A LoRA adapter folder (extras/lora.py): its base model with the adapters merged."""
     base = adapter_base(path)
     if base:
+        from extras.lora import merged
+
         lm = load_model(base, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                         gradient_checkpointing=gradient_checkpointing, trainable=trainable)
         return merged(lm, path).requires_grad_(trainable)  # peft froze the base it merged into

@@ -2,20 +2,17 @@
 
 A plain rollout is one `generate` call per rank per step: all of the rank's prompts × G samples (or
 batches of `rollout_batch_size` of them) in one batched `sample`, left-padded, with the model in eval
-mode and the KV cache on. With Markovian thinking (`Chunking`, docs/math.md §5) `markovian` goes on
-with one call per chunk round. Each Episode keeps its chunks, each with the exact prompt it was
-generated from: they are the training rows. With an environment (environments.py, `--env`)
-`interact` writes multi-turn traces: one call per turn over the traces still going, each turn a row
-whose prompt is everything before it, observations included (context, never trained: §8). Every
-sampling knob is passed explicitly; nothing is inherited from the checkpoint's generation_config
-(model.load_model resets it).
+mode and the KV cache on. `generate` takes the rollout's shape, built once from the config: `Plain`
+here; Markovian thinking (extras/markovian.py, docs/math.md §5), one `sample` call per chunk round;
+or turns with an environment (environments/rollout.py, `--env`, §8), one call per turn, observations
+as context, never trained. Each Episode keeps its chunks, each with the exact prompt it was
+generated from: they are the training rows. Every sampling knob is passed explicitly; nothing is
+inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
-import copy
 import warnings
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,20 +31,6 @@ class Sampling:
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
     engine: str = "hf"  # hf: HF generate, the reference | fast: engine.py, a capturable decode step | auto
     engine_compile: str = "auto"  # the engine's step: auto (inductor on CUDA, off on CPU) | off | eager | inductor
-
-
-@dataclass
-class Chunking:
-    """Markovian thinking (Delethink, docs/math.md §5): a trace is written in chunks of at most
-    C = Sampling.max_new_tokens tokens, and the context is reset at every chunk boundary.
-    max_chunks = 1 is a plain rollout (LongCoT)."""
-    carryover: int = 0  # m: tokens carried into the next chunk's prompt (m < C)
-    head: int = 0  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
-    max_chunks: int = 1  # I: chunks per trace at most
-
-    def max_tokens(self, chunk_size: int) -> int:
-        """Generated tokens a trace can reach: C + (I − 1)(C − m). C 8, m 4, I 3 -> 16."""
-        return chunk_size + (self.max_chunks - 1) * (chunk_size - self.carryover)
 
 
 @dataclass
@@ -114,39 +97,44 @@ def stop_ids(tokenizer) -> list[int]:
     return getattr(tokenizer, "stop_ids", None) or [tokenizer.eos_token_id]
 
 
-# ----------------------------------------------------------------------------- the plain rollout
+# ----------------------------------------------------------------------------- the rollout and its shapes
+
+class Plain:
+    """The rollout's shape by default: each query's trace is one chunk of up to max_new_tokens tokens,
+    all in one `sample` call. A shape is what `generate` asks to write a batch of traces, built once
+    from the config (config.rollout_shapes): this one, Markovian chunks (extras/markovian.py) or turns
+    with an environment (environments/rollout.py). Each has `tools`, the JSON schemas the chat
+    template lists in the prompt (None: none), `warnings`, notes to say once before a run (a
+    sandbox weaker than bubblewrap), and `write`, queries -> their Episodes."""
+    tools = None
+    warnings = ()
+
+    def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
+              sampling: Sampling) -> list[Episode]:
+        return episodes(tokenizer, queries, plain(lm, tokenizer, queries, sampling), groups, problems)
+
+
+PLAIN = Plain()
+
 
 def generate(lm, tokenizer, problems: list[Problem], prompt_ids: list[list[int]], *,
-             group_size: int, sampling: Sampling, chunking: Chunking = Chunking(),
-             first_group: int = 0, batch_size: int = 0, environment=None, turns=None) -> list[Episode]:
+             group_size: int, sampling: Sampling, shape=PLAIN, first_group: int = 0, batch_size: int = 0
+             ) -> list[Episode]:
     """Sample group_size responses for each prompt, batch_size sequences (whole groups, at least
     one) per generate call; 0: all at once. A cap bounds the KV cache and the prefill's memory.
-    chunking.max_chunks > 1 writes each response as a Markovian trace (`markovian`); an
-    `environment` (environments.Environments: problem -> a trace's Session) as a multi-turn trace
-    (`interact`, within `turns`, an environments.Turns).
+    `shape` writes each response: one chunk (Plain), a Markovian trace or a multi-turn trace.
 
     Returns len(problems) * group_size Episodes, group-major: the G responses of problem j are
     consecutive and carry group id first_group + j.
     """
     per_call = max(1, batch_size // group_size) if batch_size else max(1, len(problems))
-    episodes = []
+    out = []
     for s in range(0, len(problems), per_call):
         queries = [ids for ids in prompt_ids[s:s + per_call] for _ in range(group_size)]
         owners = [problems[s + i // group_size] for i in range(len(queries))]
-        if environment is not None:
-            sessions = [environment(p) for p in owners]
-            traces = interact(lm, tokenizer, queries, sessions, sampling, turns)
-        elif chunking.max_chunks > 1:
-            traces = markovian(lm, tokenizer, queries, sampling, chunking)
-        else:
-            traces = plain(lm, tokenizer, queries, sampling)
-        batch = [episode(tokenizer, q, chunks, first_group + s + i // group_size, p)
-                 for i, (q, chunks, p) in enumerate(zip(queries, traces, owners))]
-        if environment is not None:
-            for e, session in zip(batch, sessions):
-                settle_trace(e, session, tokenizer)
-        episodes += batch
-    return episodes
+        groups = [first_group + s + i // group_size for i in range(len(queries))]
+        out += shape.write(lm, tokenizer, queries, owners, groups, sampling)
+    return out
 
 
 def plain(lm, tokenizer, queries: list[list[int]], sampling: Sampling) -> list[list[Chunk]]:
@@ -167,138 +155,21 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     return backend(lm, tokenizer, rows, sampling, width=width, cache=cache)
 
 
-def episode(tokenizer, query: list[int], chunks: list[Chunk], group: int, problem: Problem) -> Episode:
-    """The Episode of the trace written in `chunks` from `query`; the grader reads what the last
+def episodes(tokenizer, queries: list[list[int]], traces: list[list[Chunk]], groups: list[int],
+             problems: list[Problem]) -> list[Episode]:
+    """The Episode of each trace written in its chunks from its query; the grader reads what the last
     chunk's prompt carried past the query ⧺ the last chunk (of a plain rollout: its response)."""
-    last = chunks[-1]
-    return Episode(prompt_ids=query, response_ids=written(chunks), group=group, problem=problem,
-                   truncated=not ends(last.response_ids, stop_ids(tokenizer)), chunks=chunks,
-                   text=tokenizer.decode(last.prompt_ids[len(query):] + last.response_ids, skip_special_tokens=True))
+    stops = stop_ids(tokenizer)
+    return [Episode(prompt_ids=q, response_ids=written(chunks), group=group, problem=problem,
+                    truncated=not ends(chunks[-1].response_ids, stops), chunks=chunks,
+                    text=tokenizer.decode(chunks[-1].prompt_ids[len(q):] + chunks[-1].response_ids,
+                                          skip_special_tokens=True))
+            for q, chunks, group, problem in zip(queries, traces, groups, problems)]
 
 
 def written(chunks: list[Chunk]) -> list[int]:
     """A trace's generated tokens, chunk after chunk: responses [5, 6], [7] -> [5, 6, 7]."""
     return [t for ch in chunks for t in ch.response_ids]
-
-
-# ----------------------------------------------------------------------------- multi-turn traces
-
-def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns) -> list[list[Chunk]]:
-    """Each query's multi-turn trace (environments.py), in one `sample` call per turn over the
-    traces still going. A turn that ends with a stop id goes to its trace's session; an observation
-    comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
-    the observation, so every turn's row holds exactly the context it was written in. A trace ends
-    when its session says done, when a turn ends without a stop id (cut by max_new_tokens), at
-    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens or the
-    model's context (max_position_embeddings).
-    q = [1, 2], turn 1 writes [7, eos], the observation is [5]: turn 2's prompt is [1, 2, 7, eos, 5].
-
-    Each turn re-prefills its whole context (the engine and HF generate alike): the prefix cache of
-    a Markovian trace needs the same columns in every round, and a turn's context grows by a
-    different length in every trace (docs/measured.md: the cost against the turn's decode).
-    """
-    stops, most = stop_ids(tokenizer), min((n for n in (turns.max_tokens, context_limit(lm)) if n), default=0)
-    traces: list[list[Chunk]] = [[] for _ in queries]
-    contexts, going = list(queries), list(range(len(queries)))
-    for turn in range(turns.max_turns):
-        if not going:
-            break
-        for i, (new, logp) in zip(going, sample(lm, tokenizer, [contexts[i] for i in going], sampling)):
-            traces[i].append(Chunk(contexts[i], new, logp))
-        asked = [i for i in going if ends(traces[i][-1].response_ids, stops)]
-        still = []
-        for i, observation in zip(asked, answers(tokenizer, [sessions[i] for i in asked],
-                                                  [traces[i][-1].response_ids for i in asked])):
-            if observation is None:
-                continue
-            context = contexts[i] + traces[i][-1].response_ids + observation
-            sessions[i].cut = turn + 1 == turns.max_turns or bool(most) and len(context) + sampling.max_new_tokens > most
-            if not sessions[i].cut:
-                sessions[i].seen()
-                contexts[i] = context
-                still.append(i)
-        going = still
-    return traces
-
-
-def context_limit(lm) -> int:
-    """The model's context, max_position_embeddings of its (text) config; 0 when it does not say."""
-    config = getattr(lm, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(config, "max_position_embeddings", 0) or 0
-
-
-ANSWER_THREADS = 4
-
-
-def answers(tokenizer, sessions: list, turns: list[list[int]]) -> list[list[int] | None]:
-    """Each session's answer to its trace's latest turn (observation ids, or None: done), from
-    ANSWER_THREADS threads: a tool's program runs in a sandboxed process, a user's environment in a
-    worker process, so several traces' answers overlap; the replies come in the sessions' order."""
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in turns]
-    with ThreadPoolExecutor(max(1, min(ANSWER_THREADS, len(sessions)))) as pool:
-        return list(pool.map(lambda session, text: session.answer(text), sessions, texts))
-
-
-def settle_trace(e: Episode, session, tokenizer) -> None:
-    """What a multi-turn Episode keeps of its session: the environment's reward, its numbers, and
-    the grader's text, the last turn alone (never an observation, which a tool could fill with a
-    forged answer). A trace the caps stopped while its environment still answered is truncated."""
-    last = e.chunks[-1]
-    e.text = tokenizer.decode(last.response_ids, skip_special_tokens=True)
-    e.transcript = tokenizer.decode(last.prompt_ids[len(e.prompt_ids):] + last.response_ids)
-    e.truncated = e.truncated or session.cut
-    e.env_reward, e.details = session.reward, {**session.details, "turns/mean": len(e.chunks)}
-
-
-# ----------------------------------------------------------------------------- Markovian thinking
-
-def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunking: Chunking) -> list[list[Chunk]]:
-    """Each query's Markovian trace (docs/math.md §5), in one `sample` call per chunk round over the
-    traces still going. Chunk 1 is the plain rollout, q -> up to C tokens. A trace whose chunk ends
-    without EOS goes on, until chunk I: its next prompt is q ⧺ the first h tokens of chunk 1 ⧺ the
-    trace's last m − h tokens (token ids, no re-tokenisation), and it writes up to C − m more, so no
-    context exceeds |q| + C. C 8, m 4, h 1: chunk 1 writes t1..t8, chunk 2 is q ⧺ t1 t6 t7 t8 -> t9..t12.
-    A trace's later prompts all start with the same q ⧺ head at the same positions, so its KV
-    cache is computed once, after chunk 1, and each round prefills only the m − h tail tokens.
-    """
-    stops, h, tail = stop_ids(tokenizer), chunking.head, chunking.carryover - chunking.head
-    traces = plain(lm, tokenizer, queries, sampling)
-    going = [i for i, chunks in enumerate(traces) if not ends(chunks[-1].response_ids, stops)]
-    width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
-    if going and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
-        with inference(lm):
-            prefix = prefill(forward_model(lm, sampling), [queries[i] + traces[i][0].response_ids[:h] for i in going],
-                             tokenizer.pad_token_id, width, sampling.prefill_chunk)
-        row = {i: r for r, i in enumerate(going)}
-    more = replace(sampling, max_new_tokens=sampling.max_new_tokens - chunking.carryover)
-    for _ in range(chunking.max_chunks - 1):
-        if not going:
-            break
-        # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
-        tokens = {i: written(traces[i]) for i in going}
-        prompts = [queries[i] + tokens[i][:h] + tokens[i][len(tokens[i]) - tail:] for i in going]
-        cache = cache_rows(prefix, [row[i] for i in going]) if tail else None
-        new_tokens = sample(lm, tokenizer, prompts, more, width=width + tail, cache=cache)
-        for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
-            traces[i].append(Chunk(prompt, new, logp))
-        going = [i for i in going if not ends(traces[i][-1].response_ids, stops)]
-    return traces
-
-
-def prefill(lm, rows: list[list[int]], pad_id: int, width: int, chunk: int = 0):
-    """The KV cache of the rows left-padded to `width`, with the positions generate gives them
-    (0 at each row's first real token), for generate to continue from; `chunk` columns a forward."""
-    ids, mask = left_pad(rows, pad_id, next(lm.parameters()).device, width)
-    with inference(lm):
-        return forward_columns(lm, ids, mask, None, 0, chunk)[0]
-
-
-def cache_rows(cache, rows: list[int]):
-    """A copy of a KV cache with only the given batch rows (generate appends to the cache it gets)."""
-    cache = copy.deepcopy(cache)
-    cache.batch_select_indices(torch.tensor(rows))
-    return cache
 
 
 # ----------------------------------------------------------------------------- who samples: HF generate or the engine

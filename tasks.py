@@ -34,8 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grader_pool import MathGraderPool, RewardFunction
-from rewards import (DataError, Problem, Verdict, gold_answer, grade_countdown, grade_running_sum, graded,
+from rewards import (DataError, Problem, Verdict, grade_countdown, grade_running_sum, graded,
                      plugin_spec)
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
@@ -273,7 +272,7 @@ def builtin_splits(task: Task, seed: int = 0) -> tuple[list[Problem], list[Probl
 
 class FileTask(Task):
     """Problems from a benchmark file (`load_file`), graded in a pool of `workers` processes:
-    math-verify (grader_pool.MathGraderPool), or the `reward` function (grader_pool.RewardFunction);
+    math-verify (grading.pool.MathGraderPool), or the `reward` function (grading.pool.RewardFunction);
     `budget` seconds a batch (0: no limit; see rewards.grade_batch)."""
 
     name = "file"
@@ -285,6 +284,8 @@ class FileTask(Task):
                             f"(or give --reward file.py:function)")
         self.path, self.budget = path, budget
         self.problems = load_file(path)
+        from grading.pool import MathGraderPool, RewardFunction  # graders run only for a data file
+
         self.grader = RewardFunction(reward, grade_timeout, workers) if reward else MathGraderPool(grade_timeout,
                                                                                                    workers)
 
@@ -309,7 +310,7 @@ class FileTask(Task):
 def load_file(path: str) -> list[Problem]:
     """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet (needs
     pyarrow). A row's prompt is the first of PROMPT_FIELDS it has; its gold answer the first of the
-    ANSWER_FIELDS spellings, through rewards.gold_answer; its id (Problem.id) the first of ID_FIELDS,
+    ANSWER_FIELDS spellings, through grading.math_answers.gold_answer; its id (Problem.id) the first of ID_FIELDS,
     as str() writes it. A list under final_answer is the parts of one answer: one part is the answer,
     several reach the grader as one gold string with a \\boxed{} each, every part required:
 
@@ -396,6 +397,8 @@ def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
 def row_gold(row: dict, path: str, lineno: int) -> str:
     """A row's gold answer (see load_file): {"gt": "#### 7"} -> "7"; {"final_answer": ["3", "5"]} ->
     gold_answer("\\boxed{3} \\boxed{5}")."""
+    from grading.math_answers import gold_answer  # a data file's golds are read by the math-answer rules
+
     name = first_field(row, sum(ANSWER_FIELDS.values(), ()), path, lineno, expected=tuple(ANSWER_FIELDS))
     if name not in PARTS_FIELDS:
         return gold_answer(row_field(row, (name,), path, lineno))

@@ -51,15 +51,13 @@ import data
 from algos import LossInputs
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
-from config import (Config, check_prompts_fit, chunking, environment, eval_settings, learning_rate, parse_config,
-                    response_tokens, turns, validate)
+from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config, response_tokens,
+                    rollout_shapes, validate)
 from engine import compile_count
 from eval import evaluate
-from lora import AdaptersOff, add_lora, check_targets, require_peft
 from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
                       grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
-from plan import print_plan
 from rewards import grade_batch, overlong_penalty
 from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, sampler_correction
 from tasks import detail_means
@@ -67,11 +65,10 @@ from tasks import detail_means
 
 # ============================================================================ rollout
 
-def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
-                     rank: int, world: int, environment=None):
+def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config, rank: int, world: int, shape):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats).
-    environment: environments.Environments for multi-turn traces (--env), else None."""
+    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment)."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
                         cfg.engine_compile)
@@ -79,11 +76,9 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config,
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
         first_group = data_pos + rank * b_local  # group ids unique over the run
-        prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, environment and environment.tools)
-        episodes = generate(lm, tokenizer, problems, prompt_ids,
-                            group_size=cfg.group_size, sampling=sampling, chunking=chunking(cfg),
-                            first_group=first_group, batch_size=cfg.rollout_batch_size,
-                            environment=environment, turns=turns(cfg))
+        prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, shape.tools)
+        episodes = generate(lm, tokenizer, problems, prompt_ids, group_size=cfg.group_size, sampling=sampling,
+                            shape=shape, first_group=first_group, batch_size=cfg.rollout_batch_size)
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
         for e, verdict in zip(episodes, verdicts):
             e.settle(verdict)
@@ -194,10 +189,12 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     if algo.advantages is None:
         return
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
-    # REINFORCE++ whitens over the batch's tokens, so it also reads each response's trained tokens
-    tokens = ([torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)]
-              if algo.response_tokens else [])
-    adv = algo.advantages(scores, cfg, *tokens).flatten().float()
+    if algo.response_tokens:  # REINFORCE++ whitens over the batch's tokens: it also reads each response's trained tokens
+        tokens = torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)
+        adv = algo.advantages(scores, cfg, tokens)
+    else:
+        adv = algo.advantages(scores, cfg)
+    adv = adv.flatten().float()
     for e, a in zip(episodes, adv.tolist()):
         e.advantage = a
 
@@ -498,23 +495,40 @@ def say(rank: int, *msg) -> None:
 
 # ============================================================================ main
 
-def preflight(cfg: Config):
+@dataclass
+class Setup:
+    """What preflight checked and built before any weight loads, the same on every rank."""
+    task: object  # tasks.Task: its prompt stream, its grader, its per-batch metrics
+    train_problems: list
+    heldout: list  # held-out problems for the periodic eval (empty: none)
+    shape: object  # the training rollout's shape (config.rollout_shapes): plain, Markovian chunks, or turns
+    eval_shape: object  # the held-out eval's (Markovian: eval_max_chunks)
+    tokenizer: object
+    hf_config: object
+    out: Path  # the run folder
+    start: Path | None  # the checkpoint to resume from, or None
+
+
+def preflight(cfg: Config) -> Setup:
     """Every check that needs no model weights, on every rank before any rank starts: the config,
-    the data, the model folder, prompt lengths, the environment (--env), the run folder. Returns (task,
-    train problems, held-out problems, environment or None, tokenizer, HF config, run folder,
-    checkpoint to resume from or None)."""
+    the data, the model folder, prompt lengths, the rollout's shape (--env's environment), the run folder."""
     validate(cfg, (cfg.plan and cfg.world_size) or int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.plan:
+        from extras.plan import print_plan
+
         sys.exit(print_plan(cfg))
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
+        from extras.lora import check_targets, require_peft
+
         require_peft("--lora-rank")
         check_targets(hf_config, cfg.lora_targets)
-    env = environment(cfg, tokenizer)
-    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, env and env.tools)
-    run, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
-    return task, train_problems, heldout, env, tokenizer, hf_config, run, start
+    shape, eval_shape = rollout_shapes(cfg, tokenizer)
+    check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, shape.tools)
+    out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+    return Setup(task=task, train_problems=train_problems, heldout=heldout, shape=shape, eval_shape=eval_shape,
+                 tokenizer=tokenizer, hf_config=hf_config, out=out, start=start)
 
 
 def main(argv=None) -> None:
@@ -522,16 +536,16 @@ def main(argv=None) -> None:
     with ExitStack() as held:
         try:
             cfg = parse_config(argv)
-            task, train_problems, heldout, env, tokenizer, hf_config, out, start = preflight(cfg)
+            setup = preflight(cfg)
             if first:
-                held.enter_context(lock(out))  # the run folder is this process's until it exits
-                for note in (*task.warnings, *(env.warnings if env else ())):  # a weak sandbox, said once
+                held.enter_context(lock(setup.out))  # the run folder is this process's until it exits
+                for note in (*setup.task.warnings, *setup.shape.warnings):  # a weak sandbox, said once
                     print(f"warning: {note}", file=sys.stderr, flush=True)
         except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
             sys.exit(f"error: {e}" if first else 1)
         error = ""
         try:
-            train(cfg, task, train_problems, heldout, env, tokenizer, hf_config, out, start)
+            train(cfg, setup)
         except (CheckpointError, ModelError) as e:
             error = f"error: {e}"
         if error and first:
@@ -557,12 +571,16 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
                    cfg.temperature)
     adapters = None
     if cfg.lora_rank:
+        from extras.lora import add_lora
+
         adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model,
                             dtype=weights_dtype(cfg, device), seed=cfg.seed)
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
     if cfg.beta == 0:
         return lm, adapters, scorer, None
     if adapters is not None:  # the base itself: no second copy of the weights
+        from extras.lora import AdaptersOff
+
         return lm, adapters, scorer, AdaptersOff(scorer, adapters)
     # frozen: no fp32 master copy, the weights as the policy's forward sees them
     ref_lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
@@ -593,26 +611,27 @@ def mixed_seed(seed: int, a: int, b: int) -> int:
     return seed * 1_000_003 + a * 1_009 + b
 
 
-def train(cfg: Config, task, train_problems, heldout, environment, tokenizer, hf_config, out: Path,
-          start: Path | None) -> None:
+def train(cfg: Config, setup: Setup) -> None:
+    task, heldout, tokenizer, start = setup.task, setup.heldout, setup.tokenizer, setup.start
     rank, world, device = setup_distributed(cfg)
-    out = Path(gather_objects(str(out), world)[0])  # rank 0's timestamp names the run
+    out = Path(gather_objects(str(setup.out), world)[0])  # rank 0's timestamp names the run
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
-    learner, adapters = learner_for(cfg, start, tokenizer, train_problems, rank, world, device)
+    learner, adapters = learner_for(cfg, start, tokenizer, setup.train_problems, rank, world, device)
     lm, scheduler, log = learner.lm, learner.scheduler, partial(say, rank)
     state = resume(start, lm, learner.optimizer, scheduler, cfg, world, log)
     step, data_pos = state["step"], state["data_pos"]
     logged = step if start is not None else -1  # the last step whose rows the logs keep
     if rank == 0:
         open_run(out, cfg, logged, log)
-    stream = task.stream(train_problems, cfg.seed)
+    log(config_note(cfg, out / "config.yaml"))
+    stream = task.stream(setup.train_problems, cfg.seed)
     if start is not None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
         with full_weights(learner.scorer), learner.autocast():
-            return evaluate(lm, tokenizer, task, heldout, environment=environment, **eval_settings(cfg))[0]
+            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape))[0]
 
     compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
     if cfg.eval_every and step == 0 and heldout:
@@ -629,7 +648,7 @@ def train(cfg: Config, task, train_problems, heldout, environment, tokenizer, hf
         t0 = time.perf_counter()
         with full_weights(learner.scorer), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
-                lm, tokenizer, task, stream, data_pos, cfg, rank, world, environment)
+                lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape)
         metrics.update(peak_memory(device, "rollout"))
         t1 = time.perf_counter()
         if episodes:
@@ -651,7 +670,8 @@ def train(cfg: Config, task, train_problems, heldout, environment, tokenizer, hf
             trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
                              "stream": stream.state()}
             save_run(out, step, cfg=cfg, lm=lm, optimizer=learner.optimizer, adapters=adapters,
-                     trainer_state=trainer_state, hf_config=hf_config, tokenizer=tokenizer, rank=rank, device=device)
+                     trainer_state=trainer_state, hf_config=setup.hf_config, tokenizer=tokenizer, rank=rank,
+                     device=device)
     logger.close()
 
 

@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import environments  # noqa: E402
 from model import ResponseLogProbs, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask  # noqa: E402
-from rollout import Chunk, Chunking, Sampling, collate, encode_prompts, generate  # noqa: E402
+from environments.rollout import MultiTurn  # noqa: E402
+from extras.markovian import Markovian  # noqa: E402
+from rollout import PLAIN, Chunk, Sampling, collate, encode_prompts, generate  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
@@ -92,7 +94,7 @@ TURNS = environments.Turns(max_turns=3, max_observation_tokens=32)
 
 
 def tool_rows(tok, query: list[int], terms: list[int], render) -> list[Chunk]:
-    """A calculator trace, two rows, as rollout.interact writes them: the call, then the answer
+    """A calculator trace, two rows, as environments/rollout.py's interact writes them: the call, then the answer
     prompted with everything before it, the observation rendered by the rollout's own
     environments.Observations (so that SFT and RL agree token for token)."""
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -108,13 +110,14 @@ def heldout_accuracy(lm, tok, task, problems, prompt_ids, max_new_tokens: int, c
     """(accuracy, share of traces that call a tool, share with a correct call: one whose value is
     the answer), sampled at temperature 1; with chunk > 0 in Delethink chunks, as many as
     max_new_tokens needs; with an environment (environments.environment_for), multi-turn within TURNS."""
-    chunking, budget = Chunking(), max_new_tokens
+    shape, budget = PLAIN, max_new_tokens
     if chunk:
-        chunking = Chunking(carryover, 0, 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover)))
-        budget = chunk
-    eps = generate(lm, tok, problems, prompt_ids, group_size=1, chunking=chunking,
-                   sampling=Sampling(temperature=1.0, max_new_tokens=budget),
-                   environment=environment, turns=TURNS if environment else None)
+        chunks = 1 + math.ceil(max(0, max_new_tokens - chunk) / (chunk - carryover))
+        shape, budget = Markovian(carryover, 0, chunks) if chunks > 1 else PLAIN, chunk
+    if environment:
+        shape = MultiTurn(environment, TURNS)
+    eps = generate(lm, tok, problems, prompt_ids, group_size=1, shape=shape,
+                   sampling=Sampling(temperature=1.0, max_new_tokens=budget))
     accuracy = sum(task.grade(e.problem, e.text).reward for e in eps) / len(eps)
     share = lambda key: sum(e.details.get(key, 0) > 0 for e in eps) / len(eps)  # noqa: E731
     return accuracy, share("tools/calls"), share("tools/correct")

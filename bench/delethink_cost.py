@@ -7,7 +7,7 @@ peak memory and time per generated token at the same thinking length n = 2C, 4C,
 
 C is the chunk size (--chunk). Every trace writes exactly n tokens (the stub tokenizer's EOS is an
 id the model cannot emit). LongCoT is one generate call of n tokens, so its KV cache grows to
-|q| + n. Delethink (rollout.generate with Chunking) uses carryover m = C/2, head h = 0 and
+|q| + n. Delethink (rollout.generate with a extras.markovian.Markovian shape) uses carryover m = C/2, head h = 0 and
 I = 1 + 2(n − C)/C chunks, so its budget C + (I − 1)(C − m) is exactly n and no context exceeds
 |q| + C; every chunk after the first reuses the query's KV cache and prefills only its m carried
 tokens. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
@@ -66,10 +66,10 @@ class StubTokenizer:
 
 
 def chunking_for(*, mode: str, n: int, c: int):
-    from rollout import Chunking
+    from extras.markovian import Markovian
     if mode == "longcot":
-        return Chunking(), n
-    chunking = Chunking(carryover=c // 2, head=0, max_chunks=1 + 2 * (n - c) // c)
+        return Markovian(), n
+    chunking = Markovian(carryover=c // 2, head=0, max_chunks=1 + 2 * (n - c) // c)
     assert chunking.max_tokens(c) == n
     return chunking, c
 
@@ -91,7 +91,7 @@ def run_once(*, lm, tok, mode: str, n: int, c: int, batch: int):
     chunking, max_new = chunking_for(mode=mode, n=n, c=c)
     query = [list(range(1, QUERY_LEN + 1))]
     episodes = generate(lm, tok, [Problem("q", "a")], query, group_size=batch,
-                        sampling=Sampling(max_new_tokens=max_new), chunking=chunking)
+                        sampling=Sampling(max_new_tokens=max_new), shape=chunking)
     bad = [len(e.response_ids) for e in episodes if len(e.response_ids) != n]
     if bad or any(len(e.chunks) != chunking.max_chunks for e in episodes):
         raise RuntimeError(f"{mode} n={n}: traces of {bad} tokens, expected {n} in {chunking.max_chunks} chunks")

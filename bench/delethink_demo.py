@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from eval import evaluate  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask, builtin_splits  # noqa: E402
-from rollout import Chunking  # noqa: E402
-from config import chunking, eval_settings, parse_config  # noqa: E402
+from extras.markovian import Markovian  # noqa: E402
+from config import carryover, chunking, eval_settings, parse_config, rollout_shapes  # noqa: E402
 
 CONFIG = "configs/tiny_delethink.yaml"
 
@@ -54,7 +54,7 @@ def scaling(model: str, terms: tuple[int, int], caps: list[int], problems: int, 
     out = []
     for cap in caps:
         cfg.eval_max_chunks = cap
-        out.append(evaluate(lm, tok, task, heldout, **eval_settings(cfg))[0])
+        out.append(evaluate(lm, tok, task, heldout, **eval_settings(cfg, rollout_shapes(cfg, tok)[1]))[0])
     return out
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     base = ROOT / "runs" / "delethink-demo"
     base.mkdir(parents=True, exist_ok=True)
     cfg = parse_config(["--config", CONFIG])
-    c, m, cap = cfg.max_new_tokens, chunking(cfg).carryover, cfg.max_chunks
+    c, m, cap = cfg.max_new_tokens, carryover(cfg), cfg.max_chunks
 
     rows = ["| run | chunks I | thinking budget | eval/accuracy before → after | truncated after | wall |",
             "|---|---|---|---|---|---|"]
@@ -88,7 +88,7 @@ def main() -> None:
              "after Delethink": scaling(str(base / "delethink" / "checkpoints" / f"step-{cfg.max_steps}"),
                                         terms, caps, args.tts_problems, args.tts_samples)}
     print(f"\ntest-time scaling on {terms[0]}-{terms[1]} terms, accuracy (truncated) vs the chunk cap I:\n")
-    print("| model | " + " | ".join(f"I = {i} ({Chunking(m, cfg.chunk_head, i).max_tokens(c)} tokens)"
+    print("| model | " + " | ".join(f"I = {i} ({Markovian(m, cfg.chunk_head, i).max_tokens(c)} tokens)"
                                    for i in caps) + " |")
     print("|---" * (len(caps) + 1) + "|")
     for name, results in table.items():

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "assets")]
 from build_tiny_model import build_tokenizer  # noqa: E402
 from config import parse_config  # noqa: E402
-from plan import GiB, estimate, find_shape  # noqa: E402
+from extras.plan import GiB, estimate, find_shape  # noqa: E402
 
 
 def build(shape: str, out: Path, layers: int = 0, **overrides) -> None:

@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "assets")]
 
 import algos  # noqa: E402
-from config import Config, chunking  # noqa: E402
+from config import Config, rollout_shapes  # noqa: E402
 from engine import Engine  # noqa: E402
-from lora import AdaptersOff, add_lora  # noqa: E402
+from extras.lora import AdaptersOff, add_lora  # noqa: E402
 from model import ResponseLogProbs, load_model, load_tokenizer  # noqa: E402
 from parallel import autocast_context, compute_dtype, full_weights, parallel_mode, weights_dtype, wrap  # noqa: E402
-from plan import estimate, shape_from_config  # noqa: E402
+from extras.plan import estimate, shape_from_config  # noqa: E402
 from rollout import engine_for  # noqa: E402
 from rewards import Problem  # noqa: E402
 from rollout import Sampling, generate  # noqa: E402
@@ -198,7 +198,7 @@ def measure(model_dir: str, cfg: Config, device) -> dict:
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
     with Peak(device, run["existing"], offset) as rollout, full_weights(run["scorer"]), autocast():
         episodes = generate(run["lm"], tok, [Problem("p", "0")] * n, prompts, group_size=cfg.group_size,
-                            sampling=sampling, chunking=chunking(cfg), batch_size=cfg.rollout_batch_size)
+                            sampling=sampling, shape=rollout_shapes(cfg, tok)[0], batch_size=cfg.rollout_batch_size)
     for i, e in enumerate(episodes):  # half right, half wrong: every group has an advantage
         e.reward = e.score = float(i % 2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(run["optimizer"], lambda s: 1.0)

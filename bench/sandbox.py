@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from code_grader import HARNESS, CodeGrader, parse_tests  # noqa: E402
-from sandbox import ISOLATIONS, Limits, Sandbox, SandboxError  # noqa: E402
+from grading.code import HARNESS, CodeGrader, parse_tests  # noqa: E402
+from grading.sandbox import ISOLATIONS, Limits, Sandbox, SandboxError  # noqa: E402
 
 BATCH = 128
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-import math_answers
-from grader_pool import MathGraderPool
-from math_answers import Huge, arithmetic, clock_time, precheck, same_clock, uses_variables
-from rewards import Problem, Verdict, answer_parts, gold_answer, last_boxes, split_parts, stated_answer
+from grading import math_answers
+from grading.pool import MathGraderPool
+from grading.math_answers import Huge, arithmetic, clock_time, precheck, same_clock, uses_variables
+from grading.math_answers import answer_parts, gold_answer, last_boxes, split_parts, stated_answer
+from rewards import Problem, Verdict
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HANG = [sys.executable, str(FIXTURES / "hang_worker.py")]

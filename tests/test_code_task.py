@@ -15,7 +15,7 @@ import config
 import data
 import eval as evaluation
 import model
-from code_grader import CodeTask
+from grading.code import CodeTask
 from data import make_task
 from rewards import DataError, Problem, Verdict
 from tasks import CODE_TEMPLATES, code_prompt, is_code_file

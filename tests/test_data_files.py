@@ -5,7 +5,7 @@ gsm8k.jsonl (question/answer "... #### x"), math500.jsonl (problem/solution/answ
 unique_id), aime.jsonl (id/problem/answer/url?/year, answers as JSON ints in some rows and strings
 in others) and amc.jsonl (question/answer/id?, answers as floats like 330.0).
 
-Gold answers, as `rewards.gold_answer` gives them (text after "####", else the last \\boxed{},
+Gold answers, as `grading.math_answers.gold_answer` gives them (text after "####", else the last \\boxed{},
 else the field stripped; numbers are str()-ed first):
 - GSM8K "#### 1,200" -> "1,200": the thousands separator is kept in the gold string; math-verify
   reads it as 1200 when grading.
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rewards import DataError, Problem, gold_answer
+from grading.math_answers import gold_answer
+from rewards import DataError, Problem
 from data import make_task
 from tasks import load_file
 
@@ -353,8 +354,8 @@ def test_final_answer_lists_reach_the_grader_as_the_contract_says():
 
 
 def test_what_a_final_answer_list_hands_to_gold_answer(monkeypatch):
-    import tasks
-    monkeypatch.setattr(tasks, "gold_answer", lambda raw: f"<{raw}>")
+    from grading import math_answers
+    monkeypatch.setattr(math_answers, "gold_answer", lambda raw: f"<{raw}>")
     assert [p.answer for p in load_file(str(FIXTURES / "olympiad.jsonl"))] == [
         "<15>", "<$x+1$>", "<\\boxed{2} \\boxed{3}>"]
 

@@ -11,7 +11,8 @@ from transformers import DynamicCache
 import algos
 from model import load_model, load_tokenizer
 from rewards import Problem
-from rollout import Chunk, Chunking, Episode, Sampling, collate, generate
+from extras.markovian import Markovian
+from rollout import Chunk, Episode, Sampling, collate, generate
 from config import DEFAULT_MODEL, Config
 from train import Learner, split_minibatches, update
 
@@ -22,7 +23,7 @@ class ScriptedLM(torch.nn.Module):
     """Stands in for a causal LM: continues the count g1, g2, ... (ids 101, 102, ...) from the
     last g-token of its prompt (or from g1 after a bare query) and writes EOS as token number
     `length` of the trace. Records every prompt it is fed, every budget, whether a prefix cache
-    came with it, and every prefix rollout.prefill computes (their caches are empty stand-ins)."""
+    came with it, and every prefix extras.markovian.prefill computes (their caches are empty stand-ins)."""
 
     def __init__(self, length: int):
         super().__init__()
@@ -63,7 +64,7 @@ def g(*numbers):
 def rollout(lm, c, m, h, cap, queries=(Q,), group_size=1):
     return generate(lm, TOKENIZER, [Problem("p", "0")] * len(queries), list(queries),
                     group_size=group_size, sampling=Sampling(max_new_tokens=c, engine="hf"),  # it scripts generate
-                    chunking=Chunking(carryover=m, head=h, max_chunks=cap))
+                    shape=Markovian(carryover=m, head=h, max_chunks=cap))
 
 
 def test_spec_worked_example():
@@ -75,7 +76,7 @@ def test_spec_worked_example():
     assert [(budget, cached) for _, budget, cached in lm.calls] == [(8, False), (4, True), (4, True)]
     assert lm.prefills == [[Q]]  # the q ⧺ head block (h = 0), prefilled once, after chunk 1
     assert e.response_ids == g(*range(1, 17)) and e.truncated  # cut at the budget, 8 + 2·4 = 16
-    assert Chunking(4, 0, 3).max_tokens(8) == 16
+    assert Markovian(4, 0, 3).max_tokens(8) == 16
     assert e.text == " ".join(map(str, g(*range(9, 17))))  # the carried tokens ⧺ the last chunk
 
     (e4,) = rollout(ScriptedLM(length=20), c=8, m=4, h=0, cap=4)  # I = 4 reaches the EOS
@@ -126,7 +127,7 @@ def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size, engine):
         tok = SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, skip_special_tokens: "")
         return generate(lm, tok, [Problem("p", "0")] * len(queries), queries, group_size=1,
                         sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk, engine=engine),
-                        chunking=Chunking(carryover=m, head=h, max_chunks=cap), batch_size=batch_size)
+                        shape=Markovian(carryover=m, head=h, max_chunks=cap), batch_size=batch_size)
 
     # EOS = a token trace 0 first writes in its third chunk, so traces stop in different rounds.
     trace = chunked(eos=10_000)[0].response_ids
@@ -175,7 +176,7 @@ def test_random_budgets_on_the_tiny_model(seed):
         assert done == e.response_ids
         assert e.truncated == (EOS not in e.response_ids)
         if e.truncated:
-            assert len(e.chunks) == cap and len(e.response_ids) == Chunking(m, h, cap).max_tokens(c)
+            assert len(e.chunks) == cap and len(e.response_ids) == Markovian(m, h, cap).max_tokens(c)
 
     cfg = Config(group_size=4, prompts_per_step=3, micro_batch_size=5)
     for rank in range(2):

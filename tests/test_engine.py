@@ -16,7 +16,8 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 from engine import Engine, Mode, draw, truncated
 from model import ResponseLogProbs
 from rewards import Problem
-from rollout import Chunk, Chunking, Sampling, collate, generate, sample
+from extras.markovian import Markovian
+from rollout import Chunk, Sampling, collate, generate, sample
 
 PAD = 0
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
@@ -332,7 +333,7 @@ def test_compiles_are_bounded_over_a_run(monkeypatch):
     for _ in range(2):
         lengths |= {len(t) for t, _ in sample(lm, tokenizer(eos), rows, train)}
         generate(lm, Words(eos), problems, rows[::4], group_size=4, sampling=replace(train, max_new_tokens=40),
-                 chunking=Chunking(carryover=8, head=4, max_chunks=3))
+                 shape=Markovian(carryover=8, head=4, max_chunks=3))
         lengths |= {len(t) for t, _ in sample(lm, tokenizer(eos), rows[:12], evaluation)}
         lengths |= {len(t) for t, _ in sample(lm, tokenizer(-1), rows[:8], greedy)}  # whole budgets: 512 columns
         lm(torch.tensor(rows[0])[None], labels=torch.tensor(rows[0])[None]).loss.backward()

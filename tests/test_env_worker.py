@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-import env_worker
-from env_worker import UserEnvironment
+from environments import worker as env_worker
+from environments.worker import UserEnvironment
 from rewards import DataError, Problem
 
 ENV = '''

@@ -26,7 +26,7 @@ import algos
 import config
 import pair
 import train
-from grader_pool import RewardFunction
+from grading.pool import RewardFunction
 from rewards import DataError, Problem, Verdict
 from data import make_task
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grader_pool import MathGrader, MathGraderPool
+from grading.pool import MathGrader, MathGraderPool
 from rewards import Problem, Verdict, grade_batch
 from data import make_task
 from tasks import FileTask, RunningSumTask

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import algos
-from lora import AdaptersOff, add_lora
+from extras.lora import AdaptersOff, add_lora
 from model import ResponseLogProbs, load_model
 from rewards import Problem
 from rollout import Chunk, Episode

@@ -24,7 +24,7 @@ import eval as evaluation
 import train
 from config import Config, learning_rate
 from engine import Engine
-from lora import AdaptersOff, add_lora
+from extras.lora import AdaptersOff, add_lora
 from model import ResponseLogProbs, load_model, load_tokenizer
 from parallel import load_train_state
 from rewards import Problem

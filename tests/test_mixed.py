@@ -14,7 +14,7 @@ import torch
 
 import config
 import eval as evaluation
-import mixed
+from extras import mixed
 import pair
 import train
 from rewards import DataError, Problem

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (environments.py, rollout.interact, docs/math.md §8): observations are context,
+"""Multi-turn rollouts (environments/, environments/rollout.py, docs/math.md §8): observations are context,
 never loss; every normaliser counts only the tokens the policy wrote; the built-in tools; the
 engine writes what HF generate writes, turn after turn."""
 import re
@@ -13,6 +13,7 @@ import algos
 from config import Config
 from environments import (Calculator, Environment, Observations, PythonTool, Session, Step, Turns, environment_for,
                           tool_frame)
+from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
@@ -243,7 +244,7 @@ def fake_tokenizer(eos):
 
 
 def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observation(monkeypatch):
-    """Turn rows as rollout.interact writes them, with `sample` scripted: q [1, 2]; turn 1 [7, eos],
+    """Turn rows as environments.rollout.interact writes them, with `sample` scripted: q [1, 2]; turn 1 [7, eos],
     observation [5, 6]; turn 2 [8, eos] -> rows ([1, 2] -> [7, eos]), ([1, 2, 7, eos, 5, 6] -> [8, eos]);
     the response is only what the model wrote; the grader reads the last turn."""
     import rollout
@@ -252,8 +253,8 @@ def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observatio
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: next(turns)[:len(rows)])
     sessions = [Scripted([[5, 6]]), Scripted([])]
     episodes = generate(None, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=2,
-                        sampling=Sampling(max_new_tokens=4), environment=lambda p: sessions.pop(0),
-                        turns=Turns(max_turns=3))
+                        sampling=Sampling(max_new_tokens=4),
+                        shape=MultiTurn(lambda p: sessions.pop(0), Turns(max_turns=3)))
     a, b = episodes
     assert [(c.prompt_ids, c.response_ids, c.sampler_logp) for c in a.chunks] == [
         ([1, 2], [7, eos], [-0.1, -0.2]), ([1, 2, 7, eos, 5, 6], [8, eos], [-0.6, -0.7])]
@@ -276,8 +277,8 @@ def test_caps_end_a_trace_as_truncated(monkeypatch, caps, model, turns_written):
     eos = 3
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, eos], [0.0, 0.0])] * len(rows))
     episodes = generate(model, fake_tokenizer(eos), [Problem("p", "1")], [[1, 2]], group_size=1,
-                        sampling=Sampling(max_new_tokens=4), environment=lambda p: Scripted([[5, 6, 6]] * 9),
-                        turns=caps)
+                        sampling=Sampling(max_new_tokens=4),
+                        shape=MultiTurn(lambda p: Scripted([[5, 6, 6]] * 9), caps))
     # contexts: 2, then 2 + 2 + 3 = 7 (7 + 4 ≤ 12: a 2nd turn), then 7 + 5 = 12 (12 + 4 > 12: cut)
     assert len(episodes[0].chunks) == turns_written and episodes[0].truncated
 
@@ -291,7 +292,7 @@ def test_a_call_whose_answer_the_caps_cut_off_counts_nothing(monkeypatch):
     monkeypatch.setattr(rollout, "sample", lambda lm, t, rows, sampling, **_: [(call, [0.0] * len(call))] * len(rows))
     environment = environment_for("calculator", Turns(max_turns=2), tok, True)
     [e] = generate(None, tok, [Problem("p", "2")], [[5, 6]], group_size=1, sampling=Sampling(max_new_tokens=32),
-                   environment=environment, turns=Turns(max_turns=2))
+                   shape=MultiTurn(environment, Turns(max_turns=2)))
     observation = len(e.chunks[1].prompt_ids) - len(e.chunks[0].prompt_ids) - len(call)
     assert len(e.chunks) == 2 and e.truncated and e.text == "<calc>1+1</calc>"
     assert e.details["tools/calls"] == 1 == e.details["tools/correct"]
@@ -303,7 +304,7 @@ def test_a_turn_cut_by_max_new_tokens_ends_the_trace_without_asking_the_environm
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, 7], [0.0, 0.0])] * len(rows))
     session = Scripted([[5]])
     [e] = generate(None, fake_tokenizer(3), [Problem("p", "1")], [[1, 2]], group_size=1,
-                   sampling=Sampling(max_new_tokens=2), environment=lambda p: session, turns=Turns())
+                   sampling=Sampling(max_new_tokens=2), shape=MultiTurn(lambda p: session, Turns()))
     assert len(e.chunks) == 1 and e.truncated and session.asked == []
 
 
@@ -331,8 +332,8 @@ def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch)
     def run(engine):
         made = iter(range(100))
         return generate(lm, fake_tokenizer(eos), problems, queries, group_size=1,
-                        sampling=replace(greedy, engine=engine), turns=Turns(max_turns=3),
-                        environment=lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]))
+                        sampling=replace(greedy, engine=engine),
+                        shape=MultiTurn(lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]), Turns(max_turns=3)))
 
     hf, fast = run("hf"), run("fast")
     assert [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in fast] == \
@@ -346,7 +347,7 @@ def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch)
 # ----------------------------------------------------------------------------- training on turns
 
 def trace(query, turns, observations, reward, group):
-    """An Episode of turns written as rollout.interact writes them (each row's prompt: all before it)."""
+    """An Episode of turns written as environments.rollout.interact writes them (each row's prompt: all before it)."""
     chunks, context = [], list(query)
     for i, turn in enumerate(turns):
         chunks.append(Chunk(list(context), list(turn)))
@@ -528,7 +529,7 @@ def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
 def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observation():
     """plan.prompt_tokens: P + (T − 1)(C + O + 16), capped by max_trace_tokens − C; the update's rows
     are that long, max_turns of them a trace."""
-    from plan import micro_batch, prompt_tokens, target_for
+    from extras.plan import micro_batch, prompt_tokens, target_for
     cfg = Config(plan_prompt_tokens=512, max_new_tokens=256, max_observation_tokens=256, micro_batch_size=10_000)
     assert prompt_tokens(cfg) == 512
     turned = replace(cfg, env="python", max_turns=3)

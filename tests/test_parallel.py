@@ -22,7 +22,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPT
 
 import algos
 from config import Config
-from lora import AdaptersOff
+from extras.lora import AdaptersOff
 from model import ResponseLogProbs, load_model, load_tokenizer
 from parallel import autocast_context, full_weights, load_train_state, save_train_state, weights_dtype, wrap
 from rewards import Problem

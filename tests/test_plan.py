@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig
 
 from config import Config, parse_config
-from plan import (Target, decode_repeats_kv, estimate, find_shape, layer_activations, print_plan, shape_from_config,
+from extras.plan import (Target, decode_repeats_kv, estimate, find_shape, layer_activations, print_plan, shape_from_config,
                   suggestions, tensor_budget)
 from rewards import DataError
 
@@ -92,7 +92,7 @@ def test_layer_activations_formula_matches_its_docstring():
 
 
 def test_cpu_plan_is_fp32_ddp_and_gpu_plan_bf16_fsdp():
-    from plan import target_for
+    from extras.plan import target_for
     cfg = Config()
     assert target_for(cfg, 1, "cpu") == Target("cpu", 1, "ddp", 4, "fast")  # --engine auto: the engine on CPU
     assert target_for(cfg, 8, "cuda") == Target("cuda", 8, "fsdp", 2, "hf")

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from eval import pass_at_k
-from rewards import DataError, Problem, Verdict, gold_answer, overlong_penalty, parse_arithmetic
+from grading.math_answers import gold_answer
+from rewards import DataError, Problem, Verdict, overlong_penalty, parse_arithmetic
 from data import make_task
 from tasks import CountdownTask, RunningSumTask, builtin_splits, load_file
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-import sandbox
-from code_grader import (CodeGrader, CodeVerdict, CodeTests, CodeTestsError, extract_program, outputs_match,
+from grading import sandbox
+from grading.code import (CodeGrader, CodeVerdict, CodeTests, CodeTestsError, extract_program, outputs_match,
                          parse_tests, returns_match)
-from sandbox import ISOLATIONS, Limits, Sandbox, SandboxError
+from grading.sandbox import ISOLATIONS, Limits, Sandbox, SandboxError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "code_problems.jsonl"
 LIMITS = Limits(timeout=1.0)

@@ -13,8 +13,10 @@ HF math-verify (docs/math.md, "Grading math answers", gives each rule with its s
   bounded time (a huge factorial, an exponent tower, hundreds of nested fractions), scores 0 here
   exactly, without the library, so such an answer never holds a worker until its timeout.
 
-grader_pool.MathGrader runs this file as its worker (`python math_answers.py --math-worker`): the
-parent sends `math_request`s, found here in bounded time, and the worker judges them with math-verify.
+grading/pool.py's MathGrader runs this module as its worker (with --math-worker): the parent sends
+`math_request`s, found here in bounded time, and the worker judges them with math-verify. The
+extraction rules (boxes, the parts of a list, final-answer statements, a data file's gold answer:
+`gold_answer`) come first.
 """
 from __future__ import annotations
 
@@ -26,9 +28,155 @@ import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from rewards import (CALCULATOR_ANNOTATION, THOUSANDS_COMMA, AnswerTooLong, Verdict, answer_parts, extract_tag,
-                     last_boxed, last_boxes, split_parts, stated_answer)
+from rewards import Verdict, extract_tag
 
+
+# ----------------------------------------------------------------------------- boxes, parts, final-answer statements
+
+_BRACES = re.compile(r"[{}]")
+_BRACELESS_BOX = re.compile(r" +([^\s$]+)")  # "\\boxed 5"
+
+
+class AnswerTooLong(ValueError):
+    """A final answer longer than math_answers.MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
+
+
+def last_boxed(text: str, max_chars: int | None = None) -> str | None:
+    """Content of the last \\boxed{...} or \\fbox{...}, with nested braces, as MATH solutions write
+    them: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"; the brace-less "\\boxed 5" -> "5"; None when
+    there is none or it is unclosed. Given max_chars, at most max_chars + 2 characters after the
+    macro are read, and a box that does not end within them raises AnswerTooLong."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    box = _box_at(text, start, max_chars) if start >= 0 else None
+    return None if box is None else box[0]
+
+
+def _box_at(text: str, start: int, max_chars: int | None) -> tuple[str, int] | None:
+    """(content, the index just past the box) of the \\boxed or \\fbox macro at `start`, as
+    last_boxed reads it; None when it is unclosed."""
+    i = start + (6 if text.startswith("\\boxed", start) else 5)  # after "\\boxed" / "\\fbox"
+    end = len(text) if max_chars is None else min(len(text), i + max_chars + 2)  # + the braces
+    if not text.startswith("{", i):
+        found = _BRACELESS_BOX.match(text, i, end)
+        if found and found.end() == end < len(text):  # the token may go on past what was read
+            raise AnswerTooLong
+        return (found.group(1), found.end()) if found else None
+    depth = 0
+    for brace in _BRACES.finditer(text, i, end):
+        depth += 1 if brace.group() == "{" else -1
+        if depth == 0:
+            return text[i + 1:brace.start()].strip(), brace.end()
+    if end < len(text):
+        raise AnswerTooLong
+    return None
+
+
+# What may stand between the boxes of one answer: spaces, $ delimiters, commas, "and", "or" -- the joins
+# across which math-verify's own parser reads several boxed answers as one set (parser.py, `next_groups`)
+_BOX_GAP = re.compile(r"(?:\s|\$|,|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
+
+
+def last_boxes(text: str, max_chars: int | None = None, most: int | None = None, joined: bool = True) -> list[str]:
+    """Contents of the last box (as last_boxed reads it) and of the boxes before it, in order,
+    at most `most`. joined: only boxes that _BOX_GAP alone separates from the next one, the parts
+    of one answer: "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$"
+    -> ["7"]. Not joined: any boxes, "(a) \\boxed{3}. (b) \\boxed{5}" -> ["3", "5"]. [] when there is
+    no closed last box. Only the last box raises AnswerTooLong; an earlier box past max_chars, or
+    one that encloses the box after it, ends the list."""
+    found: list[str] = []
+    stop = len(text)
+    while most is None or len(found) < most:
+        start = max(text.rfind("\\boxed", 0, stop), text.rfind("\\fbox", 0, stop))
+        try:
+            box = _box_at(text, start, max_chars) if start >= 0 else None
+        except AnswerTooLong:
+            if not found:
+                raise
+            box = None
+        if box is None or box[1] > stop or (found and joined and not _BOX_GAP.fullmatch(text, box[1], stop)):
+            break
+        found.insert(0, box[0])
+        stop = start
+    return found
+
+
+# a comma between a digit and three more that end a number: a thousands separator, not a list's comma
+THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def split_parts(text: str) -> list[str]:
+    """The parts of a list written in one answer: text split at its commas outside brackets, as
+    OlympiadBench's judge splits answers (`split_by_comma`), but never at a thousands separator;
+    empty parts dropped. "(1, 2), [3, 4)" -> ["(1, 2)", "[3, 4)"]; "1,000, 7" -> ["1,000", "7"]."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c in "([{") - (c in ")]}")
+        if c == "," and depth == 0 and not THOUSANDS_COMMA.match(text, i):
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def answer_parts(answer: str) -> list[str]:
+    """The parts of a gold answer every one of which a response must give. Several boxes --
+    gold_answer's form of a multi-part answer, "\\boxed{3} \\boxed{5}" -- are the parts, each split
+    by split_parts: ["3", "5"]; "\\boxed{1, 2} \\boxed{7}" -> ["1", "2", "7"]. Anything else is one
+    part, which math-verify reads whole: "1, 2, 5" -> ["1, 2, 5"] (a set, as MATH writes it)."""
+    boxes = last_boxes(answer)
+    return [part for box in boxes for part in split_parts(box)] if len(boxes) > 1 else [answer]
+
+
+# A final-answer statement: "A:" opening a line (the answers of GSM8K's few-shot chain-of-thought
+# exemplars, lm-eval-harness gsm8k-cot), "Answer:" and "Final Answer:" (simple-evals' ANSWER_PATTERN,
+# Minerva's "Final Answer: The final answer is $x$. I hope it is correct."), "the answer is" (the
+# same exemplars' "The answer is 6.", Qwen2.5-Math's extract_answer)
+_STATEMENT = re.compile(r"(?m:^[ \t]*A[ \t]*:)|(?i:\banswer[ \t]*:|\banswer is\b:?)")
+_STATED = re.compile(r"\s*([^\n]*)")
+# GSM8K's calculator annotations, "48/2 = <<48/2=24>>24": they repeat the result that follows them
+CALCULATOR_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
+_MINERVA_TAIL = "I hope it is correct."
+
+
+def stated_answer(text: str) -> tuple[str, str] | None:
+    """(its line, the answer) of the last final-answer statement of a text, the answer being the
+    rest of that line (or the next line when the marker ends one), without calculator
+    annotations, Minerva's closing sentence, a full stop, bold ** or one pair of $:
+    "A: <<3+4=7>>7\\n" -> ("A: <<3+4=7>>7", "7"); "Final Answer: The final answer is $\\frac{1}{2}$.
+    I hope it is correct." -> (that line, "\\frac{1}{2}"); None when there is none or it is empty."""
+    last = None
+    for last in _STATEMENT.finditer(text):
+        pass
+    if last is None:
+        return None
+    rest = _STATED.match(text, last.end())
+    answer = CALCULATOR_ANNOTATION.sub("", rest.group(1)).split(_MINERVA_TAIL)[0]
+    answer = answer.strip().rstrip(".").strip("* ")
+    if answer.count("$") == 2 and answer.startswith("$") and answer.endswith("$"):
+        answer = answer[1:-1].strip()
+    return (text[text.rfind("\n", 0, last.start()) + 1:rest.end()], answer) if answer else None
+
+
+def gold_answer(raw: str) -> str:
+    """The gold answer from an answer/solution field, by the first rule that applies: GSM8K's
+    "...#### 72" -> "72"; the boxes of a MATH solution, "... \\boxed{3}" -> "3", the last box alone
+    when text other than _BOX_GAP stands before it (Hendrycks' last_boxed_only_string: earlier boxes
+    are steps), all of them, kept boxed, when they are the parts of one answer: "roots $\\boxed{3}$
+    and $\\boxed{5}$" -> "\\boxed{3} \\boxed{5}" (answer_parts reads them back); a final-answer
+    statement (stated_answer: "A: 55", "Answer: 55", "The answer is 55"); else the field, stripped.
+    A gold field's trailing **bold** is not read: in a written solution it is emphasis."""
+    if "####" in raw:
+        return raw.split("####")[-1].strip()
+    boxes = last_boxes(raw)
+    if len(boxes) > 1:
+        return " ".join(f"\\boxed{{{box}}}" for box in boxes)
+    if boxes and boxes[0]:
+        return boxes[0]
+    stated = stated_answer(raw)
+    return stated[1] if stated else raw.strip()
+
+
+# ----------------------------------------------------------------------------- grading a response
 
 MATH_ANSWER_CHARS = 4096  # the most of a response a math worker sees: sane final answers are far shorter
 MAX_PARTS = 10  # boxes read for a multi-part gold: matching compares up to MAX_PARTS² pairs in one worker call
@@ -56,7 +204,7 @@ def _math_worker() -> None:
 
 
 def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | tuple = ()) -> tuple[float, str | None]:
-    """(reward, normalised answer): a gold of several parts (rewards.answer_parts) against the
+    """(reward, normalised answer): a gold of several parts (answer_parts) against the
     response's `parts`, else the gold against the response's answer region, else its last number.
     mv is the math_verify module."""
     golds = answer_parts(gold)
@@ -98,7 +246,7 @@ def _parts_verdict(mv, golds: list[str], parts: list[str]) -> tuple[float, str |
     """Every part of a multi-part gold against its own part of the response, in any order, as
     OlympiadBench's judge (eval/auto_scoring_judge.py) pairs answer lists: the same number of
     parts, each gold part taking the first unpaired response part equal to it (_judge). The
-    response's parts are read from its last boxes back, each split by rewards.split_parts, until
+    response's parts are read from its last boxes back, each split by split_parts, until
     there are as many as the gold's: "\\boxed{3} and \\boxed{5}" or "\\boxed{5, 3}" against
     ["3", "5"] -> 1; "\\boxed{5}" -> 0 (a part missing). The answer, for maj@n, is the parts sorted."""
     said: list[str] = []
@@ -134,7 +282,7 @@ def _final_answer(response: str) -> tuple[str, str | None]:
     """(the region math-verify reads, the final answer as written, or None) by the first
     convention the response follows: its last \\boxed{} (alone: math-verify would join "\\boxed{5},
     ... \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0); the line after
-    GSM8K's "####"; an <answer> tag's content; a final-answer statement (rewards.stated_answer,
+    GSM8K's "####"; an <answer> tag's content; a final-answer statement (stated_answer,
     whose line is the region, so that math-verify's own "answer" anchors read "The answer is 54,
     not 53" as 54); a closing **bold** span (math-verify's own number patterns accept ** around
     a number); else the end of the text, at most about MATH_ANSWER_CHARS, with no final answer as

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from rewards import DataError, Problem, Verdict
-from sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
+from grading.sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
 from tasks import CODE_FIELDS, PROMPT_FIELDS, Task, code_prompt, records, row_field, row_id
 
 MAX_PROGRAM_CHARS = 100_000  # a longer program is no sane solution: scored 0 ("too_long") unrun

@@ -48,7 +48,7 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from grader_pool import GradingWorker, import_plugin, plugin_syntax, protocol_stdout
+from grading.pool import GradingWorker, import_plugin, module_command, plugin_syntax, protocol_stdout
 from rewards import DataError, Problem, is_reward, plugin_spec
 
 MAX_ENVS = 4096  # live environments a worker keeps; bounds its memory whatever the number of traces
@@ -82,7 +82,7 @@ class UserEnvironment:
                              f"max_chars {max_chars} (>= 0)")
         self.spec, self.max_chars = spec, max_chars
         path, name = plugin_spec(spec) or (Path(spec), "")  # a bad spec fails check(), or each step as "error"
-        command = [sys.executable, str(Path(__file__).resolve()), "--env-worker", str(path), name]
+        command = module_command("environments.worker", "--env-worker", str(path), name)
         self.workers = [EnvWorker(command, timeout) for _ in range(workers)]
 
     def check(self) -> None:

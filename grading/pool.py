@@ -6,9 +6,9 @@ limit: past it the worker is killed, the answer scores 0 with failure "timeout",
 request gets a fresh worker. A `GraderPool` drives several workers from threads, so one slow
 answer holds up one worker, not the batch; an optional budget (seconds) bounds the whole batch,
 and what it leaves ungraded scores failure "budget". The pools: `MathGraderPool` (math-verify, a
-data file's grader, whose answer rules and pre-check are math_answers.py's, and whose workers run
-`python math_answers.py --math-worker`) and `RewardFunction` (--reward path/to/file.py:function, whose
-workers run this file: `python grader_pool.py --reward-worker file.py function row|batch`).
+data file's grader, whose answer rules and pre-check are grading/math_answers.py's, and whose workers
+run that module with --math-worker) and `RewardFunction` (--reward path/to/file.py:function, whose
+workers run this module: `--reward-worker file.py function row|batch`); `module_command` starts either.
 
 Verdict, answer extraction, the built-in graders and grade_batch are in rewards.py.
 """
@@ -27,9 +27,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import math_answers
-from math_answers import math_request, precheck
-from rewards import AnswerTooLong, DataError, Problem, Verdict, is_reward, plugin_spec
+from grading.math_answers import AnswerTooLong, math_request, precheck
+from rewards import DataError, Problem, Verdict, is_reward, plugin_spec
 
 
 # ----------------------------------------------------------------------------- grading workers
@@ -40,6 +39,17 @@ class _NoReply(Exception):
     def __init__(self, failure: str):
         super().__init__(failure)
         self.failure = failure
+
+
+ROOT = str(Path(__file__).resolve().parent.parent)  # the repository: the folder that holds grading/
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The command that runs a module of this repository as a script (its `__main__` block), in a
+    fresh interpreter that imports the repository's modules wherever the trainer was started from:
+    module_command("grading.math_answers", "--math-worker")."""
+    boot = f"import runpy, sys; sys.path.insert(0, {ROOT!r}); runpy.run_module({module!r}, run_name='__main__')"
+    return [sys.executable, "-c", boot, *args]
 
 
 class GradingWorker:
@@ -187,7 +197,7 @@ class MathGrader(GradingWorker):
     replaces the worker, for tests."""
 
     def __init__(self, timeout: float = 10.0, command: list[str] | None = None):
-        super().__init__(command or [sys.executable, str(Path(math_answers.__file__).resolve()), "--math-worker"],
+        super().__init__(command or module_command("grading.math_answers", "--math-worker"),
                          timeout)
 
     def __call__(self, response: str, gold: str, deadline: float | None = None) -> Verdict:
@@ -233,8 +243,7 @@ class RewardFunction(GraderPool):
 
     def __init__(self, spec: str, timeout: float = 10.0, workers: int = 4):
         path, name, self.batch = reward_signature(spec)
-        command = [sys.executable, str(Path(__file__).resolve()), "--reward-worker", str(path), name,
-                   "batch" if self.batch else "row"]
+        command = module_command("grading.pool", "--reward-worker", str(path), name, "batch" if self.batch else "row")
         super().__init__([RewardWorker(command, timeout) for _ in range(1 if self.batch else workers)])
         self.spec = spec
         self.check()

@@ -161,15 +161,15 @@ class PythonTool(ToolEnvironment):
     def prepare(cls, isolation: str = "auto", timeout: float = 5.0, memory_mib: int = 1024) -> tuple[str, ...]:
         """Make the sandbox (code_grader.code_sandbox: a DataError when `isolation` cannot work here);
         its warnings when it isolates less than bubblewrap."""
-        from code_grader import code_sandbox
-        from sandbox import Limits
+        from grading.code import code_sandbox
+        from grading.sandbox import Limits
         cls.box, notes = code_sandbox(isolation, Limits(timeout=timeout, memory=memory_mib << 20, stdout=64 << 10))
         return notes
     plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
 
     def plain_call(self, turn: str) -> tuple[int, str] | None:
         """The last closed ```python block, read as code problems read a response's program."""
-        from code_grader import python_block
+        from grading.code import python_block
         found = python_block(turn)
         return None if found is None else (found[0], textwrap.dedent(turn[found[1]:found[2]]))
 
@@ -356,7 +356,7 @@ def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, tim
         return Environments(PythonTool, render, cap, [PythonTool.schema()], PythonTool.prepare(*sandbox))
     if plugin_spec(spec) is None:
         raise DataError(f"--env {spec!r}: give calculator, python or path/to/file.py:Class")
-    from env_worker import UserEnvironment
+    from environments.worker import UserEnvironment
     pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN)
     pool.check()
     return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap)

@@ -28,7 +28,6 @@ no merge, and the base weights are never written to. What else changes with LoRA
 from __future__ import annotations
 
 import importlib.util
-import json
 import warnings
 from pathlib import Path
 
@@ -152,16 +151,6 @@ def lora_files(lm, adapters, *, dtype: torch.dtype, scale: float, merge: bool):
         weights.clear()
 
     return write
-
-
-def adapter_base(path: str) -> str | None:
-    """The base model folder that an adapter folder (adapter_config.json, no config.json) names;
-    None for any other folder."""
-    folder = Path(path)
-    if (folder / "config.json").is_file() or not (folder / "adapter_config.json").is_file():
-        return None
-    require_peft(f"--model {path} (a LoRA adapter folder)")
-    return json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
 
 
 def merged(lm, path: str):

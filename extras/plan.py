@@ -31,9 +31,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations import sdpa_attention
 
 import algos
-from config import chunking
+from config import carryover, chunk_head
 from engine import graph_columns, graph_rows
-from lora import chosen
+from extras.lora import chosen
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
@@ -248,11 +248,11 @@ def gathered_rows(cfg, s: Shape, t: Target, generating: bool = False) -> list:
 def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampling: tuple, chunks: int) -> list:
     """Two moments of the largest generate call of `seqs` sequences: its largest prefill forward
     and its last decode step. Markovian rounds after the first also keep the q ⧺ head prefix
-    cache of every trace (rollout.markovian), so their KV cache is that plus one chunk's context.
+    cache of every trace (extras/markovian.py), so their KV cache is that plus one chunk's context.
     With the engine (--engine fast) the KV cache is its slab, resident (engine_rows), and a step
     adds only its sampling temporaries."""
     p, c = prompt_tokens(cfg), cfg.max_new_tokens
-    m, h = (chunking(cfg).carryover, chunking(cfg).head) if chunks > 1 else (0, 0)
+    m, h = (carryover(cfg), chunk_head(cfg)) if chunks > 1 else (0, 0)
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
@@ -313,12 +313,12 @@ def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[l
 def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     """The largest prefill moment: (KV cache then, one layer's activations for the tokens of
     one forward, the attention mask over the cached length, last-position logits). A plain
-    call prefills q; a Markovian round 2 prefills q ⧺ head once (rollout.prefill) and then the
+    call prefills q; a Markovian round 2 prefills q ⧺ head once (extras/markovian.py's prefill) and then the
     m − h tail tokens on a copy of that cache (the prefix stays for later rounds)."""
     p, b = prompt_tokens(cfg), t.bytes
     moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)
     if chunks > 1:
-        m, h = chunking(cfg).carryover, chunking(cfg).head
+        m, h = carryover(cfg), chunk_head(cfg)
         moments += ([(p + h, p + h, p + h), (3 * (p + h), 0, 0), (2 * (p + h) + m - h, m - h, p + m)] if m > h
                     else [(p + m, p + m, p + m)])  # (3 (p + h): the prefix, its deep copy, the rows kept)
     kv_token = kv_token_bytes(s, t)
@@ -359,7 +359,7 @@ def micro_batch(cfg, t: Target) -> tuple[int, int, int]:
     C-token response, so P + m + C, or a turn (prompt_tokens + C; max_turns rows a trace). max_tokens_per_micro_batch caps rows × length (one row
     at least). 1.5B GSM8K config (micro 8, P 512, R 1024) -> (8, 1536, 1024)."""
     p, c = prompt_tokens(cfg), cfg.max_new_tokens
-    m = chunking(cfg).carryover if cfg.max_chunks > 1 else 0
+    m = carryover(cfg) if cfg.max_chunks > 1 else 0
     length = p + m + c
     rows_per_trace = cfg.max_turns if cfg.env else cfg.max_chunks
     share = math.ceil(cfg.prompts_per_step * cfg.group_size * rows_per_trace / (cfg.mini_batches * t.world))

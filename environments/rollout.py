@@ -1,0 +1,111 @@
+"""Multi-turn traces (docs/math.md §8): the rollout's shape with an environment (`--env`).
+
+The model writes a turn; the trace's environment (environments/__init__.py) reads it and answers with
+an observation, which is appended to the context of the next turn, until the environment says done
+or a cap ends the trace. Every turn is a training row whose prompt holds everything before it,
+observations included: they are context, never trained and never a share of a normaliser.
+config.rollout_shapes builds a `MultiTurn` from --env and its caps; rollout.generate calls its `write`.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import rollout
+from environments import Environments, Turns
+from rewards import Problem
+from rollout import Chunk, Episode, Sampling, ends, episodes, stop_ids
+
+
+@dataclass
+class MultiTurn:
+    """Turns with an environment: `environments` makes each trace's Session, `turns` caps the trace."""
+    environments: Environments
+    turns: Turns
+
+    @property
+    def tools(self) -> list[dict] | None:
+        """The built-in tools' schemas, which the chat template lists in the prompt (None for a user's class)."""
+        return self.environments.tools
+
+    @property
+    def warnings(self) -> tuple:
+        """What to say once before a run: the python tool's sandbox when weaker than bubblewrap."""
+        return self.environments.warnings
+
+    def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
+              sampling: Sampling) -> list[Episode]:
+        sessions = [self.environments(p) for p in problems]
+        traces = interact(lm, tokenizer, queries, sessions, sampling, self.turns)
+        batch = episodes(tokenizer, queries, traces, groups, problems)
+        for e, session in zip(batch, sessions):
+            settle_trace(e, session, tokenizer)
+        return batch
+
+
+def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns) -> list[list[Chunk]]:
+    """Each query's multi-turn trace, in one `rollout.sample` call per turn over the
+    traces still going. A turn that ends with a stop id goes to its trace's session; an observation
+    comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
+    the observation, so every turn's row holds exactly the context it was written in. A trace ends
+    when its session says done, when a turn ends without a stop id (cut by max_new_tokens), at
+    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens or the
+    model's context (max_position_embeddings).
+    q = [1, 2], turn 1 writes [7, eos], the observation is [5]: turn 2's prompt is [1, 2, 7, eos, 5].
+
+    Each turn re-prefills its whole context (the engine and HF generate alike): the prefix cache of
+    a Markovian trace needs the same columns in every round, and a turn's context grows by a
+    different length in every trace (docs/measured.md: the cost against the turn's decode).
+    """
+    stops, most = stop_ids(tokenizer), min((n for n in (turns.max_tokens, context_limit(lm)) if n), default=0)
+    traces: list[list[Chunk]] = [[] for _ in queries]
+    contexts, going = list(queries), list(range(len(queries)))
+    for turn in range(turns.max_turns):
+        if not going:
+            break
+        for i, (new, logp) in zip(going, rollout.sample(lm, tokenizer, [contexts[i] for i in going], sampling)):
+            traces[i].append(Chunk(contexts[i], new, logp))
+        asked = [i for i in going if ends(traces[i][-1].response_ids, stops)]
+        still = []
+        for i, observation in zip(asked, answers(tokenizer, [sessions[i] for i in asked],
+                                                  [traces[i][-1].response_ids for i in asked])):
+            if observation is None:
+                continue
+            context = contexts[i] + traces[i][-1].response_ids + observation
+            sessions[i].cut = turn + 1 == turns.max_turns or bool(most) and len(context) + sampling.max_new_tokens > most
+            if not sessions[i].cut:
+                sessions[i].seen()
+                contexts[i] = context
+                still.append(i)
+        going = still
+    return traces
+
+
+def context_limit(lm) -> int:
+    """The model's context, max_position_embeddings of its (text) config; 0 when it does not say."""
+    config = getattr(lm, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "max_position_embeddings", 0) or 0
+
+
+ANSWER_THREADS = 4
+
+
+def answers(tokenizer, sessions: list, turns: list[list[int]]) -> list[list[int] | None]:
+    """Each session's answer to its trace's latest turn (observation ids, or None: done), from
+    ANSWER_THREADS threads: a tool's program runs in a sandboxed process, a user's environment in a
+    worker process, so several traces' answers overlap; the replies come in the sessions' order."""
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in turns]
+    with ThreadPoolExecutor(max(1, min(ANSWER_THREADS, len(sessions)))) as pool:
+        return list(pool.map(lambda session, text: session.answer(text), sessions, texts))
+
+
+def settle_trace(e: Episode, session, tokenizer) -> None:
+    """What a multi-turn Episode keeps of its session: the environment's reward, its numbers, and
+    the grader's text, the last turn alone (never an observation, which a tool could fill with a
+    forged answer). A trace the caps stopped while its environment still answered is truncated."""
+    last = e.chunks[-1]
+    e.text = tokenizer.decode(last.response_ids, skip_special_tokens=True)
+    e.transcript = tokenizer.decode(last.prompt_ids[len(e.prompt_ids):] + last.response_ids)
+    e.truncated = e.truncated or session.cut
+    e.env_reward, e.details = session.reward, {**session.details, "turns/mean": len(e.chunks)}

@@ -1,0 +1,8 @@
+"""Optional features, each imported only when its flag asks for it.
+
+    lora.py       LoRA adapters through peft: --lora-rank r
+    plan.py       the per-GPU memory plan, from the config alone: --plan
+    mixed.py      several data sources in one run, with their weights: --data a,b --data-weights ...
+
+The default run imports none of these.
+"""
