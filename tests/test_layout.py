@@ -1,0 +1,91 @@
+"""The layout DESIGN.md promises: the root holds the core, the optional features sit in folders that a
+run imports only when its flag asks for them, and the imports between modules run one way."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTIONAL = ("grading", "environments", "extras")  # the folders of optional features
+PROJECT = ("algos", *OPTIONAL)  # packages of the project, beside the root's modules
+
+
+def test_the_default_run_imports_no_optional_module(tmp_path):
+    """A default step, its eval and its checkpoint (one of each, in a fresh interpreter, as a user runs
+    train.py) load nothing from grading/, environments/ or extras/."""
+    script = ("import json, sys, train; train.main(sys.argv[1:]); "
+              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
+    done = subprocess.run([sys.executable, "-c", script, "--max-steps", "1", "--eval-every", "1",
+                           "--eval-problems", "4", "--prompts-per-step", "4", "--out", str(tmp_path / "run")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
+
+
+def test_a_flag_imports_its_folder(tmp_path):
+    """The check above can fail: --env calculator does import environments/ (and only what it needs)."""
+    script = ("import json, sys, config; cfg = config.parse_config(sys.argv[1:]); from model import load_tokenizer; "
+              "config.rollout_shapes(cfg, load_tokenizer(cfg.model)); "
+              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
+    done = subprocess.run([sys.executable, "-c", script, "--env", "calculator"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["environments", "environments.rollout"]
+
+
+def test_the_root_holds_the_core_only():
+    root = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(root) <= 13, root
+    assert not set(root) & {f"{name}.py" for name in OPTIONAL}, root
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the project: the root's files and the packages' (tests, bench, assets and
+    examples are users of the project, not part of it)."""
+    found = {p.stem: p for p in ROOT.glob("*.py")}
+    for package in PROJECT:
+        for p in (ROOT / package).glob("*.py"):
+            found[package if p.stem == "__init__" else f"{package}.{p.stem}"] = p
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The project's modules that a file imports, at its top or inside a function (a deferred import
+    is still an arrow between two modules): `from grading.pool import X` -> grading.pool;
+    `from grading import pool` -> grading.pool; `import algos` -> algos."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
+            if node.module in known:
+                found.add(node.module)
+    return found
+
+
+def test_the_imports_between_modules_have_no_cycle():
+    """Data flows one way (DESIGN.md): the graph of imports, deferred ones included, has no cycle, so
+    its modules can be drawn in floors with every arrow pointing down. A package's modules import
+    their own __init__ (algos.grpo -> algos), which is not an arrow back up."""
+    known = modules()
+    graph = {name: imports(path, set(known)) - {name, name.split(".")[0]} for name, path in known.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph[name]):
+            assert state.get(other) != 1, "import cycle: " + " -> ".join(path[path.index(other):] + [name, other]
+                                                                          if other in path else path + [name, other])
+            if other not in state:
+                visit(other, path + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert graph["train"] >= {"rollout", "config", "algos"}  # the graph was read (the test can fail)
