@@ -81,7 +81,7 @@ class RunConfig:
     lr_schedule: str = "linear"  # after warm-up: linear (to 0 at the run's end, TRL's default) | constant (verl's default)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
-    # --- LoRA (lora.py; needs `pip install peft`)
+    # --- LoRA (extras/lora.py; needs `pip install peft`)
     lora_rank: int = 0  # r > 0: train rank-r adapters on the decoder's linear layers, the rest frozen; 0 = off (full fine-tune)
     lora_alpha: float = 32.0  # α: the adapters' output is scaled by α/r (LoRA Without Regret keeps α = 32 for every r)
     lora_targets: str = ""  # comma-separated linear layers to adapt (q_proj,v_proj); "" = every one of the decoder (never the LM head)
@@ -95,7 +95,7 @@ class RunConfig:
     carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
     chunk_head: int = -1  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail; -1 = min(100, m) (official 100)
     eval_max_chunks: int = 0  # I at eval; more than max_chunks = test-time scaling; 0 = max_chunks
-    # --- multi-turn rollouts (environments.py, docs/math.md §8), with any algorithm but PACS and GSPO
+    # --- multi-turn rollouts (environments/, docs/math.md §8), with any algorithm but PACS and GSPO
     env: str = ""  # "" = one turn | calculator (<calc>EXPR</calc>) | python (```python blocks, sandboxed) | path/file.py:Class
     max_turns: int = 4  # model turns per trace at most (with --env); a turn writes up to max_new_tokens
     max_observation_tokens: int = 256  # tokens of one observation (a tool's output); the rest is cut

@@ -2,7 +2,7 @@
 model is loaded (train.py and eval.py alike).
 
 A source is a built-in task, a data file or a task of your own (tasks.py), a file of code problems
-(code_grader.CodeTask, imported only then); several sources make one mixed task (mixed.py).
+(grading.code.CodeTask, imported only then); several sources make one mixed task (extras/mixed.py).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ reward, pass@k, the majority answer), summary.json (metrics and settings), Tenso
 With several --data sources every metric is also given per source, eval/<domain>/pass@1 ....
 
 --responses FILE grades responses written elsewhere instead of sampling, no model loaded (no torch
-either); responses.py reads the file: its shapes and how each line finds its problem.
+either); grading/responses.py reads the file: its shapes and how each line finds its problem.
 """
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def full_state_dict(lm, dtype: torch.dtype, lora_scale: float = 0.0) -> dict:
     """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
     Gathered one tensor at a time, so rank 0 never holds more than one full copy; a tied weight
     (embeddings = LM head) is kept once, under its first name, as save_pretrained does.
-    With LoRA layers in lm (lora.py), lora_scale = α/r: each adapted weight is merged on the side,
+    With LoRA layers in lm (extras/lora.py), lora_scale = α/r: each adapted weight is merged on the side,
     W + scale·B@A, under the base model's name (peft's <layer>.base_layer.weight ->
     <layer>.weight); the adapters themselves are left out and the live weights are not touched."""
     rank0 = not dist.is_initialized() or dist.get_rank() == 0

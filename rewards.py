@@ -7,22 +7,22 @@ raises: a grader that fails scores 0 and says why in Verdict.failure, which the 
 - built-in graders (`grade_running_sum`, `grade_countdown`), here, in process: they read a
   bounded window before the last </answer> and take milliseconds on any response; countdown
   parses the arithmetic itself (never Python `eval` on model output);
-- HF math-verify for data files (grader_pool.MathGraderPool), in worker processes with a time
+- HF math-verify for data files (grading.pool.MathGraderPool), in worker processes with a time
   limit: the response's last \\boxed{} has priority, then GSM8K's "#### x", an <answer> tag, a
   final-answer statement ("Answer: x", "The answer is x"), a closing **x**, any LaTeX or number
   math-verify finds, the last number standing alone; the gold decides how the answer is read (a
   gold of several parts, a time of day, a letter as a variable), and an answer that would stall
   the library is decided without it when it cannot be right (math_answers.precheck). The rules and
-  their sources: math_answers.py and docs/math.md, "Grading math answers". The worker sees at most
+  their sources: grading/math_answers.py and docs/math.md, "Grading math answers". The worker sees at most
   math_answers.MATH_ANSWER_CHARS of the response;
-- your own function, `--reward path/to/file.py:function` (grader_pool.RewardFunction), in worker
+- your own function, `--reward path/to/file.py:function` (grading.pool.RewardFunction), in worker
   processes the same way: function(prompt, response, answer) -> float, or the batch form
   function(prompts, responses, answers) -> list of floats; a reward may also be a pair (float,
   answer string) for maj@n to vote on. An exception, a return that is not a number, or a call
   past --grade-timeout scores 0 as a counted failure, and the run goes on.
 
 The worker processes, and the pool that drives them under a budget per batch, are in
-grader_pool.py. `grade_batch` is what the trainer and eval call, with the answer gate. Tasks
+grading/pool.py. `grade_batch` is what the trainer and eval call, with the answer gate. Tasks
 (where problems come from) are in tasks.py. `overlong_penalty` is the DAPO soft length penalty
 added to the reward when asked.
 """
@@ -244,7 +244,7 @@ def parse_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
 
 # ----------------------------------------------------------------------------- plugins
 
-# --data path/to/file.py:Class (tasks.py) and --reward path/to/file.py:function (grader_pool.py)
+# --data path/to/file.py:Class (tasks.py) and --reward path/to/file.py:function (grading/pool.py)
 def plugin_spec(value: str) -> tuple[Path, str] | None:
     """"path/to/file.py:name" -> (Path("path/to/file.py"), "name"); anything else -> None."""
     path, _, name = value.rpartition(":")

@@ -233,7 +233,7 @@ def engine_for(engine: str, device_type: str) -> str:
     """Who generates for --engine on a device type: "fast" (engine.py) or "hf" (generate). auto is
     the one measured faster there: the engine on CPU, `generate` on CUDA, where the engine's decode
     is measured faster but its training steps not yet (docs/measured.md). rollout.sample and
-    plan.py both ask here."""
+    extras/plan.py both ask here."""
     return engine if engine != "auto" else "hf" if device_type == "cuda" else "fast"
 
 

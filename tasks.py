@@ -15,10 +15,10 @@ installed) in the usual schemas: GSM8K question/answer ("#### x"), MATH500 probl
 AIME/AMC problem or question with answer, OlympiadBench's final_answer lists, verl's chat prompt
 with reward_model.ground_truth (`load_file` lists the fields read), graded by HF math-verify or by
 your own function with `--reward path/to/file.py:function`, both in worker processes under a time
-limit (grader_pool.py); a file of code problems, told apart by its first row (`is_code_file`:
-`tests` or APPS's `input_output` instead of an answer), graded in the sandbox (code_grader.CodeTask);
+limit (grading/pool.py); a file of code problems, told apart by its first row (`is_code_file`:
+`tests` or APPS's `input_output` instead of an answer), graded in the sandbox (grading.code.CodeTask);
 or `path/to/file.py:Class`, a task of your own (examples/task_small_sums.py). data.py turns `--data`
-into tasks; several sources at once are mixed.py's. The official prompt templates of the papers
+into tasks; several sources at once are extras/mixed.py's. The official prompt templates of the papers
 (`--prompt-template`, `--code-template`) are here too: they wrap a task's problems before training.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Task:
     (`--reward`), which runs in worker processes with a timeout.
 
     The trainer also asks a task for its prompt stream (`stream`) and for metrics of its own on
-    each batch (`stats`); the defaults serve one source, and a mixed run (mixed.py) overrides both.
+    each batch (`stats`); the defaults serve one source, and a mixed run (extras/mixed.py) overrides both.
     """
 
     name = "task"  # names the seeded splits, so two tasks never share a held-out split by accident

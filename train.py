@@ -23,7 +23,7 @@ The knobs live in config.py (precedence: dataclass defaults < the algorithm's pr
 YAML < command line); the task and its problems come from data.py, which hands out the prompt
 stream (tasks.Task.stream); resume and checkpoints are checkpoint.py's; data parallelism (DDP, or
 FSDP2 with sharded fp32 state and bf16 compute), its set-up on one node or several, and sharded
-checkpoints in parallel.py; the memory plan (`--plan true`) in plan.py. Left out on purpose:
+checkpoints in parallel.py; the memory plan (`--plan true`) in extras/plan.py. Left out on purpose:
 vLLM/SGLang generation, tensor/pipeline parallelism, value models (PPO with a critic), reward models.
 """
 from __future__ import annotations
@@ -560,7 +560,7 @@ def main(argv=None) -> None:
 def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, world: int):
     """(the policy lm, its peft model or None, the scorer train.update calls, the reference scorer
     or None), on this rank's device, wrapped for DDP / FSDP2. What trains is held in fp32 (master
-    weights); with LoRA (lora.py) that is the adapters, peft's layers go into lm itself, which keeps
+    weights); with LoRA (extras/lora.py) that is the adapters, peft's layers go into lm itself, which keeps
     serving rollouts, the scorer and checkpoints, and the reference is that scorer with adapters off."""
     dtype, mode = compute_dtype(cfg, device), parallel_mode(cfg, device)
     # a LoRA checkpoint need not hold the base weights: a LoRA run loads them from --model, resumed or not

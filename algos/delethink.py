@@ -6,7 +6,7 @@ code McGill-NLP/the-markovian-thinker @ 4478839 (`delethink_agent_loop.py`, `del
 
 Delethink is an environment plus a loss, and the two live apart so that either can be swapped:
 
-    environment  rollout.generate with Chunking (knobs max_chunks I, carryover m, chunk_head h;
+    environment  rollout.generate with a Markovian shape (knobs max_chunks I, carryover m, chunk_head h;
                  the chunk size C is max_new_tokens): chunk 1 is the query q -> ≤ C tokens;
                  chunk k ≥ 2 is q ⧺ first h tokens of chunk 1 ⧺ last m − h tokens -> ≤ C − m;
                  the trace stops at EOS or after I chunks. Any algorithm can run in it
@@ -46,7 +46,7 @@ from algos.base import Algorithm
 
 PRESET = dict(max_chunks=5, adv_norm="group", clip_low=0.2, clip_high=0.26, dual_clip=3.0,
               loss_agg="seq-mean-token-mean", mini_batches=2, tis_cap=2.0)
-# Markovian thinking is the rollout (rollout.Chunking); the loss is GRPO's with trace-level
+# Markovian thinking is the rollout (extras.markovian.Markovian); the loss is GRPO's with trace-level
 # aggregation, which train.update provides for every algorithm through LossInputs.seq_tokens
 ALGORITHMS = [Algorithm("delethink", PRESET, policy_gradient.batch_advantages, grpo.loss, knobs=grpo.KNOBS,
                          group_baseline=True)]

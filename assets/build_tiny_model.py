@@ -14,7 +14,7 @@ supervised pre-training on the built-in running-sum task, stopped as soon as hel
         --lr 1e-3 --max-steps 2000 --eval-every 100 --target 0.30   # configs/tiny_grpo_tool.yaml's model
 
 With --env calculator a share --tool-share of the SFT problems is solved with the calculator, as
-a multi-turn rollout with `--env calculator` writes it (environments.py): turn 1 calls the tool,
+a multi-turn rollout with `--env calculator` writes it (environments/): turn 1 calls the tool,
 the observation comes back through the chat template, turn 2 answers. "Add 4821+9377" ->
 
     row 1  <|user|>Add 4821+9377<|assistant|>                                -> <calc>4821+9377</calc><eos>

@@ -1,4 +1,4 @@
-"""What re-prefilling a multi-turn trace's context costs against the turn's decode (rollout.interact).
+"""What re-prefilling a multi-turn trace's context costs against the turn's decode (environments/rollout.py's interact).
 
     python bench/multi_turn.py                                  # the shipped tiny model, CPU, 1 thread
     python bench/multi_turn.py --shape Qwen2.5-1.5B-Instruct --device cuda --rows 64

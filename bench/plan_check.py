@@ -1,4 +1,4 @@
-"""The memory plan (plan.py) against the measured peak of tensor memory, on CPU or on one GPU.
+"""The memory plan (extras/plan.py) against the measured peak of tensor memory, on CPU or on one GPU.
 
     python bench/plan_check.py            # two small random models on CPU (fp32), ~15 s
     python bench/plan_check.py --gpu      # the same through FSDP + bf16 on one CUDA GPU (world 1)

@@ -15,7 +15,7 @@ every turn is a training row whose prompt holds all that came before, docs/math.
     --env calculator          a turn holding <calc>EXPR</calc> gets EXPR's exact value back
     --env python              a turn holding a ```python block gets the program's stdout back
     --env path/file.py:Class  your own: Class(problem) with step(turn) -> Step, run in worker
-                              processes (env_worker.py), bounded like a --reward function
+                              processes (environments/worker.py), bounded like a --reward function
 
 Why this interface: it is tinker-cookbook's `Env` (an initial observation, then `step(action)` ->
 reward, done, next observation) without the first call, because the task already makes each
@@ -144,7 +144,7 @@ class Calculator(ToolEnvironment):
 
 
 class PythonTool(ToolEnvironment):
-    """A ```python block: the program runs in the sandbox (sandbox.py: its own process, limits,
+    """A ```python block: the program runs in the sandbox (grading/sandbox.py: its own process, limits,
     namespaces where the machine has them) and its stdout comes back, with its stderr's last line
     when it fails (the model may fix its code); a program the sandbox has to kill (time, output)
     ends the trace with reward 0. The last block of a turn is run, as a fresh program: no state is kept between
@@ -159,7 +159,7 @@ class PythonTool(ToolEnvironment):
 
     @classmethod
     def prepare(cls, isolation: str = "auto", timeout: float = 5.0, memory_mib: int = 1024) -> tuple[str, ...]:
-        """Make the sandbox (code_grader.code_sandbox: a DataError when `isolation` cannot work here);
+        """Make the sandbox (grading.code.code_sandbox: a DataError when `isolation` cannot work here);
         its warnings when it isolates less than bubblewrap."""
         from grading.code import code_sandbox
         from grading.sandbox import Limits
@@ -174,7 +174,7 @@ class PythonTool(ToolEnvironment):
         return None if found is None else (found[0], textwrap.dedent(turn[found[1]:found[2]]))
 
     def run(self, code: str) -> tuple[str, bool]:
-        with PythonTool.making:  # traces answer from threads (rollout.answers); one sandbox for all
+        with PythonTool.making:  # traces answer from threads (environments/rollout.py's answers); one sandbox for all
             if PythonTool.box is None:  # a PythonTool made outside environment_for (tests, your code)
                 PythonTool.prepare()
         result = PythonTool.box.run(code)
@@ -189,7 +189,7 @@ class PythonTool(ToolEnvironment):
 # ----------------------------------------------------------------------------- a user's environment
 
 class WorkerEnvironment(Environment):
-    """One trace of a `--env file.py:Class`: its turns go to env_worker.UserEnvironment, which runs
+    """One trace of a `--env file.py:Class`: its turns go to environments.worker.UserEnvironment, which runs
     the class in a worker process, bounded; a failure there is a failed Step (Session counts it)."""
 
     keys = itertools.count()  # a trace's key in the worker pool, unique in this process
@@ -214,7 +214,7 @@ class EnvironmentFailed(Exception):
 
 @dataclass
 class Turns:
-    """How far a multi-turn trace may go (rollout.interact)."""
+    """How far a multi-turn trace may go (environments/rollout.py's interact)."""
     max_turns: int = 4  # model turns per trace at most
     max_observation_tokens: int = 256  # tokens of one observation's text (the template's framing comes on top)
     max_tokens: int = 0  # a trace's context at most: query + turns + observations + the next turn's budget; 0 = no cap
@@ -282,7 +282,8 @@ class Observations:
 
     def __init__(self, tokenizer, chat_template: bool):
         self.tokenizer, self.frame = tokenizer, None
-        self.lock = threading.Lock()  # sessions answer from threads (rollout.answers); a tokenizer is not thread-safe
+        # sessions answer from threads (environments/rollout.py's answers); a tokenizer is not thread-safe
+        self.lock = threading.Lock()
         if chat_template and tokenizer.chat_template:
             self.frame = tool_frame(tokenizer)
             if self.frame is None:

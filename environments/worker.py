@@ -1,5 +1,5 @@
 """Your multi-turn environment, `--env path/to/file.py:Class`, run in worker processes with a time limit,
-the way grader_pool.RewardFunction runs a --reward function: the file is never imported into the trainer.
+the way grading.pool.RewardFunction runs a --reward function: the file is never imported into the trainer.
 
 The class you write:
 
@@ -15,10 +15,11 @@ alone. A worker that is killed (a step past the timeout) loses every environment
 worker rebuilds each one when its trace next steps, by replay: Class(problem), then step(t) for every
 earlier turn t (the outputs ignored), then the step asked for.
 
-The protocol. `UserEnvironment` drives `workers` GradingWorkers (grader_pool.py), each a child process
-`python env_worker.py --env-worker FILE CLASS`. A trace's key picks its worker by a stable hash, so all of
-a trace's turns reach the worker that holds its environment. The child says "ready" once the file is
-imported (or {"error": ...} if it would not import), then answers JSON lines, one reply per request:
+The protocol. `UserEnvironment` drives `workers` GradingWorkers (grading/pool.py), each a child process
+running this module with `--env-worker FILE CLASS` (grading.pool.module_command). A trace's key picks its
+worker by a stable hash, so all of a trace's turns reach the worker that holds its environment. The
+child says "ready" once the file is imported (or {"error": ...} if it would not import), then answers
+JSON lines, one reply per request:
 
     request  {"key": str, "problem": {Problem's fields}, "turns": [every model turn so far], "max_chars": n}
     reply    {"observation": str | None, "reward": float | None, "details": {str: float}}

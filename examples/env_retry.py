@@ -6,10 +6,10 @@ Each turn is graded as the running-sum task grades a response (the last <answer>
 answer at attempt k ends the trace with reward 1/k, a wrong one gets "Wrong, try again." back as
 the next observation (a tool message of the chat template), and after `max_turns` wrong attempts
 the trace ends truncated and the task grades its last turn (0). The class runs in a worker process
-(env_worker.py), so it must be a deterministic function of its problem and the turns so far: a
+(environments/worker.py), so it must be a deterministic function of its problem and the turns so far: a
 worker killed after a timeout is rebuilt by replaying them.
 
-What an environment is (environments.py): built once per trace with its problem; `step(turn)` gets
+What an environment is (environments/): built once per trace with its problem; `step(turn)` gets
 the model's latest turn as text and returns Step(observation) to go on, or Step(reward=...) /
 Step() to end the trace (with your reward, or the task's grade of the last turn).
 """

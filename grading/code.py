@@ -1,5 +1,5 @@
 """Code problems: grading model-written Python programs against tests, each run in the sandbox
-(sandbox.py), and `CodeTask`, the task of a file of code problems (`--data code.jsonl`; data.py
+(grading/sandbox.py), and `CodeTask`, the task of a file of code problems (`--data code.jsonl`; data.py
 imports this module only for such a file, so a run without code never loads the sandbox).
 
 A code problem's tests come in one of the two shapes public datasets use:
@@ -148,7 +148,7 @@ def extract_program(response: str) -> str | None:
 
 def python_block(response: str) -> tuple[int, int, int] | None:
     """(where its opening fence starts, where its body starts, where it ends) of the last closed
-    ```python (or ```py) fence; None if there is none (also --env python's call, environments.py).
+    ```python (or ```py) fence; None if there is none (also --env python's call, environments/).
 
     Fences are CommonMark's: a line starting (after spaces) with ```; a fence closes a block when
     nothing but backticks and spaces follow it. One pass over the fence lines, linear in the length
@@ -279,7 +279,7 @@ GRADER_FAILURES = ("budget", "sandbox", "error")  # a CodeVerdict failure that i
 
 class CodeTask(Task):
     """Code problems from a data file: each row has a prompt and its tests, stdin/stdout pairs or
-    function calls (code_grader.parse_tests), and an optional `starter_code`; the prompt is put into
+    function calls (grading.code.parse_tests), and an optional `starter_code`; the prompt is put into
     the `template` recipe (CODE_TEMPLATES; "" = as it is). A response scores 1 when the program of
     its last ```python block passes every test, run in the sandbox (`isolation`, `timeout` seconds
     and `memory` MiB per run) by `workers` threads, each batch within `budget` seconds. The share of

@@ -51,7 +51,7 @@ it did not earn.
 - Not contained without namespaces: the network (local services and the internet); SysV IPC
   objects, which outlive the program (as root we remove those of its uid); and, when not root, our
   processes: it can signal them, and a daemon that double-forks and calls setsid escapes the kill.
-- Rewards: expected outputs never enter the sandbox; graders compare outside (see code_grader.py).
+- Rewards: expected outputs never enter the sandbox; graders compare outside (see grading/code.py).
 """
 from __future__ import annotations
 

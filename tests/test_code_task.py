@@ -1,4 +1,4 @@
-"""Code problems as a task (code_grader.CodeTask): a data file whose rows have tests, its prompt recipes,
+"""Code problems as a task (grading.code.CodeTask): a data file whose rows have tests, its prompt recipes,
 its knobs, and `eval.py --responses`, which grades given responses with no model loaded.
 
 The sandbox and the grader themselves are tests/test_sandbox.py's; here they run in the

@@ -1,4 +1,4 @@
-"""env_worker.UserEnvironment: a multi-turn environment of your own (--env file.py:Class) runs bounded in
+"""environments.worker.UserEnvironment: a multi-turn environment of your own (--env file.py:Class) runs bounded in
 worker processes; its state lives there, survives across turns, and is rebuilt by replay when a worker is
 killed; whatever a hostile environment does fails its own step, counted, and the next step works."""
 import threading

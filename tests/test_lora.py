@@ -1,4 +1,4 @@
-"""LoRA through peft (lora.py, issue 24): only the adapters train, the reference is the base with
+"""LoRA through peft (extras/lora.py, issue 24): only the adapters train, the reference is the base with
 the adapters off, rollouts see the adapted policy, checkpoints load in peft and (merged) in
 transformers, a killed run resumes exactly, and user mistakes are named before anything loads.
 The 1 process / DDP / FSDP2 gradient agreement and FSDP rollouts are in test_parallel.py."""

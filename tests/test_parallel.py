@@ -39,7 +39,7 @@ CPU = torch.device("cpu")
 # runs the frozen reference model, sharded like the policy under FSDP.
 UPDATE_CASES = [("grpo", {"beta": 0.04}), ("rover", {"mini_batches": 2}),
                 ("pacs", {"mini_batches": 3, "pacs_beta": 0.2})]
-# LoRA (lora.py) on a random Qwen2: only the adapters train, sharded with the frozen base in one
+# LoRA (extras/lora.py) on a random Qwen2: only the adapters train, sharded with the frozen base in one
 # FSDP group per layer; with beta > 0 the reference is the same sharded scorer with adapters off.
 # α = r (scale 1): adapter gradients up to 0.08 and gaps of 3e-8 between the runs (measured); at
 # α/r = 8 and lr-1 SGD the first step moves the adapters so far that the gaps reached 1.7e-6.

@@ -1,4 +1,4 @@
-"""The memory plan (plan.py): its estimate against the measured peak, the paper configs, the
+"""The memory plan (extras/plan.py): its estimate against the measured peak, the paper configs, the
 state rows by hand, and the shipped shapes."""
 import re
 import sys
@@ -192,6 +192,6 @@ def test_one_gpu_verdicts_of_the_readme(config, flags, gpu, fits, capsys):
                         "--gpu-memory", str(gpu)])
     assert print_plan(cfg) == (0 if fits else 1)
     out = capsys.readouterr().out
-    if flags == ["--lora-rank", "32"] and gpu == 24:  # 264 where generate repeats keys/values (plan.py)
+    if flags == ["--lora-rank", "32"] and gpu == 24:  # 264 where generate repeats keys/values (extras/plan.py)
         n = 264 if decode_repeats_kv(find_shape(cfg.model)[0]) else 304
         assert f"rollout: rollout_batch_size ≤ {n}" in out

@@ -1,4 +1,4 @@
-"""The sandbox (sandbox.py) and the code grader (code_grader.py).
+"""The sandbox (grading/sandbox.py) and the code grader (grading/code.py).
 
 Every isolation mode this machine has is tested (bwrap, unshare, none; a mode it lacks is skipped
 with the reason). Right programs score 1 and wrong ones 0 on both test formats; each hostile program
@@ -83,12 +83,12 @@ def meminfo(field: str) -> int:
 
 
 def workdirs() -> set[str]:
-    """The run directories that exist (sandbox.py keeps them in one directory per user)."""
+    """The run directories that exist (grading/sandbox.py keeps them in one directory per user)."""
     return {p.name for p in sandbox._sandbox_home().glob("run-*")}
 
 
 # What an attack needs isolated, and who isolates it: the modes whose namespaces do, and whether,
-# as root, the run's own uid does in the other modes (see sandbox.py's threat model).
+# as root, the run's own uid does in the other modes (see grading/sandbox.py's threat model).
 CONTAINMENT = {
     "other processes": ({"bwrap", "unshare"}, True),  # signals to them; daemons outliving the run
     "the process count": ({"bwrap", "unshare"}, True),  # counted per run, not over all our processes
