@@ -313,10 +313,7 @@ def validate(cfg: RunConfig, world: int) -> None:
 
 def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """The rules between the fields of a training run (or a sampled eval)."""
-    return [
-        (max(cfg.max_chunks, cfg.eval_max_chunks) == 1 or 0 <= chunk_head(cfg) <= carryover(cfg)
-         < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({chunk_head(cfg)}) ≤ carryover "
-         f"({carryover(cfg)}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})"),
+    return markovian_checks(cfg) + [
         (not (cfg.env and max(cfg.max_chunks, cfg.eval_max_chunks) > 1),
          "--env writes multi-turn traces and max_chunks > 1 Markovian ones: one or the other"),
         (not cfg.max_trace_tokens or cfg.max_trace_tokens >= cfg.max_new_tokens,
@@ -329,6 +326,17 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
          f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine hf generates with HF generate: "
          f"give --engine fast, or drop --engine-compile"),
     ]
+
+
+def markovian_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
+    """The rule of Markovian thinking's knobs, when a run (or its eval) writes chunks."""
+    if max(cfg.max_chunks, cfg.eval_max_chunks) == 1:
+        return []
+    from extras.markovian import chunking
+
+    m, h = chunking(cfg).carryover, chunking(cfg).head
+    return [(0 <= h <= m < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({h}) ≤ carryover "
+                                               f"({m}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})")]
 
 
 def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
@@ -487,32 +495,16 @@ def data_weights(cfg: RunConfig) -> list[float]:
     return [w / sum(given) for w in given]
 
 
-def carryover(cfg: RunConfig) -> int:
-    """m, the tokens a Markovian chunk carries into the next one's prompt: carryover, or C/2 when 0."""
-    return cfg.carryover or cfg.max_new_tokens // 2
-
-
-def chunk_head(cfg: RunConfig) -> int:
-    """h ≤ m, the first tokens of chunk 1 every later chunk keeps: chunk_head, or min(100, m) when −1
-    (the official 100)."""
-    return min(100, carryover(cfg)) if cfg.chunk_head < 0 else cfg.chunk_head
-
-
-def chunking(cfg: RunConfig, evaluation: bool = False):
-    """The Markovian-thinking knobs as extras/markovian.py takes them, a Markovian (max_chunks 1: a
-    plain rollout)."""
-    from extras.markovian import Markovian
-
-    chunks = (cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks
-    return Markovian(carryover=carryover(cfg), head=chunk_head(cfg), max_chunks=chunks)
-
-
 def response_tokens(cfg: RunConfig) -> int:
     """Generated tokens a training response can reach: max_new_tokens, or for a Markovian trace
     C + (I − 1)(C − m); with --env, max_turns turns of max_new_tokens (observations are not generated)."""
     if cfg.env:
         return cfg.max_turns * cfg.max_new_tokens
-    return cfg.max_new_tokens + (cfg.max_chunks - 1) * (cfg.max_new_tokens - carryover(cfg))
+    if cfg.max_chunks == 1:
+        return cfg.max_new_tokens
+    from extras.markovian import chunking
+
+    return chunking(cfg).max_tokens(cfg.max_new_tokens)
 
 
 def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
@@ -524,6 +516,10 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
         from rollout import PLAIN
 
         chunks = {False: cfg.max_chunks, True: cfg.eval_max_chunks or cfg.max_chunks}  # evaluation -> I
+        if max(chunks.values()) == 1:
+            return PLAIN, PLAIN
+        from extras.markovian import chunking
+
         return tuple(chunking(cfg, evaluation) if chunks[evaluation] > 1 else PLAIN for evaluation in (False, True))
     from environments import Turns, environment_for
     from environments.rollout import MultiTurn

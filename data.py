@@ -1,8 +1,9 @@
 """--data -> the run's task, training problems and held-out problems, read and checked before any
 model is loaded (train.py and eval.py alike).
 
-A source is a built-in task, a data file or a task of your own (tasks.py), a file of code problems
-(grading.code.CodeTask, imported only then); several sources make one mixed task (extras/mixed.py).
+A source is a built-in task or a task of your own (tasks.py), a data file (grading/files.py) or a
+file of code problems (grading/code.py), imported only then; several sources make one mixed task
+(extras/mixed.py).
 """
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 
 from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
 from rewards import DataError, Problem
-from tasks import (CODE_TEMPLATES, TASKS, FileTask, Task, domain_name, is_code_file, load_task, plugin_spec,
-                   with_template)
+from tasks import CODE_TEMPLATES, TASKS, Task, domain_name, has_own_splits, load_task, plugin_spec, with_template
 
 
 def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
@@ -19,7 +19,7 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     in a mixed run (several --data sources) the task is a mixed.MixedTask and every problem carries
     its source's name (Problem.domain)."""
     srcs, mixed = sources(cfg), "," in cfg.data
-    code_file = {src: is_code_file(src) for src in srcs}  # each reads the file's first row
+    code_file = {src: code_problems(src) for src in srcs}  # each reads the file's first row
     code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
                 memory=cfg.sandbox_memory)
     loaded = {}
@@ -53,6 +53,16 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     return mix(loaded, data_weights(cfg))
 
 
+def code_problems(src: str) -> bool:
+    """Whether a --data source is a file of code problems (grading.files.is_code_file reads its first
+    row); a built-in task or a task of your own never is."""
+    if has_own_splits(src):
+        return False
+    from grading.files import is_code_file
+
+    return is_code_file(src)
+
+
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
               grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
               reward: str = "", code: dict | None = None) -> Task:
@@ -63,7 +73,9 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
         return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
     if plugin_spec(data):
         return load_task(data)
-    if is_code_file(data):
+    from grading.files import FileTask  # a data file: its rows, their golds, graded by math-verify or --reward
+
+    if code_problems(data):
         if reward:
             raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
                             f"graded by running them; drop --reward")

@@ -288,7 +288,8 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import carryover, chunk_head, eval_settings, rollout_shapes
+    from config import eval_settings, rollout_shapes
+    from extras.markovian import chunking
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
@@ -310,18 +311,18 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
-        chunks = cfg.eval_max_chunks or cfg.max_chunks
+        chunks = chunking(cfg, evaluation=True)
         described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
                      "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
                      "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
-                     "max_chunks": chunks, "carryover": carryover(cfg), "chunk_head": chunk_head(cfg),
+                     "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
                      "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
         step, name = args.step, Path(cfg.model).name
         if step is None:
             step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
         write_results(out, step, described, metrics, records,
                       f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
-                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks}")
+                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
     teardown()
 
 

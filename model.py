@@ -8,6 +8,7 @@ computed only at completion positions, from the decoder's last hidden state, in 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +63,20 @@ def adapter_base(path: str) -> str | None:
     folder = Path(path)
     if (folder / "config.json").is_file() or not (folder / "adapter_config.json").is_file():
         return None
-    from extras.lora import require_peft
-
     require_peft(f"--model {path} (a LoRA adapter folder)")
     return json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+
+
+def require_peft(flag: str) -> None:
+    """Stop with the pip command when peft (LoRA, extras/lora.py) is not installed."""
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError(f"{flag} needs peft, which is not installed here: pip install peft")
+
+
+def merged(lm, path: str):
+    """lm (a fresh copy of the base, not a training policy) with the adapter folder's weights merged in."""
+    from peft import PeftModel
+    return PeftModel.from_pretrained(lm, path).merge_and_unload()
 
 
 def unreadable(file: Path) -> str:
@@ -123,8 +134,6 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, device="cpu",
     mode, no gradients. A LoRA adapter folder (extras/lora.py): its base model with the adapters merged."""
     base = adapter_base(path)
     if base:
-        from extras.lora import merged
-
         lm = load_model(base, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                         gradient_checkpointing=gradient_checkpointing, trainable=trainable)
         return merged(lm, path).requires_grad_(trainable)  # peft froze the base it merged into

@@ -55,7 +55,8 @@ from config import (Config, check_prompts_fit, config_note, eval_settings, learn
                     rollout_shapes, validate)
 from engine import compile_count
 from eval import evaluate
-from model import ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model
+from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
+                   require_peft)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
                       grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
 from rewards import grade_batch, overlong_penalty
@@ -520,7 +521,7 @@ def preflight(cfg: Config) -> Setup:
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
-        from extras.lora import check_targets, require_peft
+        from extras.lora import check_targets
 
         require_peft("--lora-rank")
         check_targets(hf_config, cfg.lora_targets)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from eval import evaluate  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask, builtin_splits  # noqa: E402
-from extras.markovian import Markovian  # noqa: E402
-from config import carryover, chunking, eval_settings, parse_config, rollout_shapes  # noqa: E402
+from extras.markovian import Markovian, chunking  # noqa: E402
+from config import eval_settings, parse_config, rollout_shapes  # noqa: E402
 
 CONFIG = "configs/tiny_delethink.yaml"
 
@@ -68,7 +68,7 @@ def main() -> None:
     base = ROOT / "runs" / "delethink-demo"
     base.mkdir(parents=True, exist_ok=True)
     cfg = parse_config(["--config", CONFIG])
-    c, m, cap = cfg.max_new_tokens, carryover(cfg), cfg.max_chunks
+    c, m, cap = cfg.max_new_tokens, chunking(cfg).carryover, cfg.max_chunks
 
     rows = ["| run | chunks I | thinking budget | eval/accuracy before → after | truncated after | wall |",
             "|---|---|---|---|---|---|"]

@@ -27,7 +27,6 @@ no merge, and the base weights are never written to. What else changes with LoRA
 """
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from pathlib import Path
 
@@ -39,11 +38,6 @@ from transformers import AutoModelForCausalLM
 from parallel import decoder_layers, full_state_dict, full_tensor
 
 ADAPTER = "default"  # peft's name for the one adapter; its tensors are <layer>.lora_A.default.weight
-
-
-def require_peft(flag: str) -> None:
-    if importlib.util.find_spec("peft") is None:
-        raise ValueError(f"{flag} needs peft, which is not installed here: pip install peft")
 
 
 def linear_names(lm) -> tuple[list[str], set[str]]:
@@ -151,9 +145,3 @@ def lora_files(lm, adapters, *, dtype: torch.dtype, scale: float, merge: bool):
         weights.clear()
 
     return write
-
-
-def merged(lm, path: str):
-    """lm (a fresh copy of the base, not a training policy) with the adapter folder's weights merged in."""
-    from peft import PeftModel
-    return PeftModel.from_pretrained(lm, path).merge_and_unload()

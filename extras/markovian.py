@@ -42,6 +42,16 @@ class Markovian:
         return episodes(tokenizer, queries, markovian(lm, tokenizer, queries, sampling, self), groups, problems)
 
 
+def chunking(cfg, evaluation: bool = False) -> Markovian:
+    """A config's Markovian knobs: C = max_new_tokens; m = carryover, or C/2 when 0; h = chunk_head, or
+    min(100, m) when −1 (the official 100); I = max_chunks, at eval eval_max_chunks when set (more than
+    max_chunks: test-time scaling). C 32, carryover 0, chunk_head −1, max_chunks 7 -> Markovian(16, 16, 7)."""
+    carryover = cfg.carryover or cfg.max_new_tokens // 2
+    head = min(100, carryover) if cfg.chunk_head < 0 else cfg.chunk_head
+    return Markovian(carryover=carryover, head=head,
+                     max_chunks=(cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks)
+
+
 def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunking: Markovian) -> list[list[Chunk]]:
     """Each query's Markovian trace (docs/math.md §5), in one `sample` call per chunk round over the
     traces still going. Chunk 1 is the plain rollout, q -> up to C tokens. A trace whose chunk ends

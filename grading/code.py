@@ -50,7 +50,8 @@ from decimal import Decimal, InvalidOperation
 
 from rewards import DataError, Problem, Verdict
 from grading.sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
-from tasks import CODE_FIELDS, PROMPT_FIELDS, Task, code_prompt, records, row_field, row_id
+from grading.files import CODE_FIELDS, PROMPT_FIELDS, records, row_field, row_id
+from tasks import Task, code_prompt
 
 MAX_PROGRAM_CHARS = 100_000  # a longer program is no sane solution: scored 0 ("too_long") unrun
 PYTHON_FENCES = {"python", "py", "python3"}  # the info strings that mark a Python block

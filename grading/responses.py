@@ -19,7 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from rewards import DataError
-from tasks import ID_FIELDS, field_value, fields_of, first_field, has_own_splits, records, short
+from grading.files import ID_FIELDS, field_value, fields_of, first_field, records, short
+from tasks import has_own_splits
 
 
 # where a line keeps its responses: one (a string), or a list of n (the samples of one problem)

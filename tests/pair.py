@@ -13,7 +13,6 @@ Under torchrun this file is the worker: `pair.py ROOT`, the runs in ROOT/runs.js
 """
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -38,9 +37,8 @@ def launch(root: Path, random_model: str) -> Path:
     runs = [(name, program, flags(root) if callable(flags) else
              [f.format(random_model=random_model, root=root) for f in flags]) for name, program, flags in RUNS]
     (root / "runs.json").write_text(json.dumps(runs, default=str))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(root)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    from helpers import torchrun
+    r = torchrun(__file__, str(root), timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
     (root / "launch.log").write_text(r.stdout + r.stderr)
     assert r.returncode == 0, r.stderr[-3000:]
     return root

@@ -18,19 +18,13 @@ import model
 from grading.code import CodeTask
 from data import make_task
 from rewards import DataError, Problem, Verdict
-from tasks import CODE_TEMPLATES, code_prompt, is_code_file
+from grading.files import is_code_file
+from tasks import CODE_TEMPLATES, code_prompt
+from helpers import fenced, fixture_problems
 
 FIXTURE = Path(__file__).parent / "fixtures" / "code_problems.jsonl"  # right and wrong programs for each problem
 PASSED = {"code/tests_passed": 1.0, "code/no_program": 0.0, "code/timeout": 0.0, "code/crash": 0.0,
           "code/output_limit": 0.0}
-
-
-def fenced(program: str) -> str:
-    return f"Here is my solution.\n```python\n{program}\n```\nDone."
-
-
-def fixture_problems() -> list[dict]:
-    return [json.loads(line) for line in FIXTURE.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

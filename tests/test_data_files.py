@@ -21,7 +21,7 @@ import pytest
 from grading.math_answers import gold_answer
 from rewards import DataError, Problem
 from data import make_task
-from tasks import load_file
+from grading.files import load_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NAMES = ("gsm8k", "math500", "aime", "amc")
@@ -354,8 +354,8 @@ def test_final_answer_lists_reach_the_grader_as_the_contract_says():
 
 
 def test_what_a_final_answer_list_hands_to_gold_answer(monkeypatch):
-    from grading import math_answers
-    monkeypatch.setattr(math_answers, "gold_answer", lambda raw: f"<{raw}>")
+    from grading import files
+    monkeypatch.setattr(files, "gold_answer", lambda raw: f"<{raw}>")
     assert [p.answer for p in load_file(str(FIXTURES / "olympiad.jsonl"))] == [
         "<15>", "<$x+1$>", "<\\boxed{2} \\boxed{3}>"]
 

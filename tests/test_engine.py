@@ -2,15 +2,13 @@
 graph) and computes what the eager step computes; greedy it writes token for token what HF
 generate writes; sampled, it records the trainer's log-probs and draws from HF's distribution."""
 import math
-import random
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import LlamaForCausalLM
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from engine import Engine, Mode, draw, truncated
@@ -19,9 +17,9 @@ from rewards import Problem
 from extras.markovian import Markovian
 from rollout import Chunk, Sampling, collate, generate, sample
 
-PAD = 0
-ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-         "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma2": (Gemma2Config, Gemma2ForCausalLM)}
+from helpers import PAD, frequent_token, prompts, random_lm
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2"]  # random_lm's, each with EXTRA's fields
 # Gemma2: every other layer attends to the last 6 positions only (prompts here reach 12 + 24),
 # with attention and final-logit soft-capping; 4 layers so both kinds come twice. It scales its
 # embeddings by sqrt(hidden): at init 0.3 every row repeats one token, at 0.05 rows vary and
@@ -30,32 +28,8 @@ EXTRA = {"gemma2": dict(num_hidden_layers=4, sliding_window=6, attn_logit_softca
                         final_logit_softcapping=3.0, query_pre_attn_scalar=16, initializer_range=0.05)}
 
 
-def random_lm(arch: str, init: float = 0.3):
-    """A random small model; init 0.3 gives sharp logits (no greedy near-ties), 0.02 is the usual
-    scale of a real model's activations."""
-    config, cls = ARCHS[arch]
-    torch.manual_seed(0)
-    kwargs = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=init)
-    return cls(config(**{**kwargs, **EXTRA.get(arch, {})})).eval()
-
-
-def prompts(lengths, seed=0):
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 64) for _ in range(n)] for n in lengths]
-
-
 def tokenizer(eos):
     return SimpleNamespace(eos_token_id=eos, pad_token_id=PAD)
-
-
-def frequent_token(rows: list[list[int]]) -> int:
-    """A token that several rows write after their first few: as EOS, rows end at different steps."""
-    counts = {}
-    for r in rows:
-        for t in set(r[3:]):
-            counts[t] = counts.get(t, 0) + 1
-    return max(counts, key=counts.get)
 
 
 def engine_decode(engine, rows, sampling, eos) -> list[tuple[list[int], list[float]]]:
@@ -72,7 +46,7 @@ def engine_decode(engine, rows, sampling, eos) -> list[tuple[list[int], list[flo
 def test_greedy_equals_hf_generate(arch):
     """Left-padded prompts of 3 to 12 tokens, each twice (a group: one prefill, then copied), and
     an EOS that rows write at different steps, so finished rows leave the batch mid-way."""
-    lm = random_lm(arch)
+    lm = random_lm(arch, **EXTRA.get(arch, {}))
     rows = [p for p in prompts([3, 9, 5, 12, 7]) for _ in range(2)]
     greedy = Sampling(temperature=0, max_new_tokens=24, engine="fast")
     eos = frequent_token([t for t, _ in sample(lm, tokenizer(10_000), rows, greedy)])
@@ -88,7 +62,7 @@ def test_step_compiles_whole_and_equals_eager(arch):
     and the traced step writes exactly the untraced step's tokens and log-probs, greedy and sampled
     (backend "eager" runs the traced ops as they are, so the same seed draws the same tokens).
     Rows stop at different steps, so the traced steps run in several row buckets."""
-    lm = random_lm(arch)
+    lm = random_lm(arch, **EXTRA.get(arch, {}))
     rows = [p for p in prompts([3, 9, 12]) for _ in range(2)]  # 6 rows: buckets of 8, 4, 2
     eager, traced = Engine(lm, compile="untraced"), Engine(lm, compile="eager")
     before = Engine.compiles

@@ -6,13 +6,8 @@ on one CPU thread (in this process and in the one run that is killed, so that th
 bit for bit whatever thread count earlier tests left). Runs that need no kill run in this process,
 which saves the imports of a fresh one. The longer version, over 1 and 2 ranks and random kill
 moments, is bench/kill_resume.py."""
-import os
 import resource
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,20 +17,14 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM
 
 import train
-from test_train import metrics, run_main, same_run
+from helpers import kill_9, metrics, run_main, same_run, start_train, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 STEPS = 4
 TINY = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24", "--eval-every", "0",
         "--log-samples", "2", "--save-every", "1", "--max-steps", str(STEPS)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: every test here on one thread
 
 
 @pytest.fixture(scope="module")
@@ -76,24 +65,13 @@ def equal(a, b) -> bool:
     return a == b
 
 
-def wait_until(proc: subprocess.Popen, ready, what: str) -> None:
-    """Poll every ~1 ms until ready(); fail if the run ends or 2 minutes pass first."""
-    deadline = time.monotonic() + 120
-    while not ready():
-        assert proc.poll() is None, f"the run ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} after 2 minutes"
-        time.sleep(0.001)
-
-
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A run in another process holds its folder: a second launch there is refused. SIGKILL it as
     soon as a checkpoint folder after step-1 appears (.step-K.partial): step-(K-1) is the newest
     complete checkpoint, and `--resume RUN` removes the partial folder and replays the steps after
     it exactly as the uninterrupted run had them, each logged once."""
     run, lock_file = tmp_path / "run", tmp_path / "run" / ".lock"
-    proc = subprocess.Popen([sys.executable, "train.py", *TINY, "--out", str(run)], cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_train(TINY, run)
     try:
         wait_until(proc, lambda: lock_file.is_file() and lock_file.read_text().strip() == str(proc.pid),
                    "the run folder's lock")
@@ -105,8 +83,7 @@ def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, c
             return [p.name for p in run.glob("checkpoints/.step-*.partial") if p.name != ".step-1.partial"]
         wait_until(proc, writing, "a checkpoint write after step-1")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_9(proc)
     partial = hidden(run)
     assert len(partial) == 1 and partial[0].endswith(".partial"), \
         f"{partial}: the kill landed after the write (this process slept through its ~50 ms)"

@@ -3,29 +3,22 @@ own for every logit transform, generation stops at every EOS id, prompt template
 sampler-vs-trainer mismatch and its importance-sampling corrections."""
 import pytest
 import torch
-from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GraniteConfig,
-                          GraniteForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import CohereConfig, Gemma2Config, GraniteConfig, GraniteForCausalLM, LlamaConfig
 
 import model
 from model import LogitTransform, ModelError, check_logprobs
+from helpers import frequent_token, random_lm
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-ARCHS = {  # each transform at a value far from 1, so that leaving it out shows
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {}),
-    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"final_logit_softcapping": 0.5}),
-    "granite": (GraniteConfig, GraniteForCausalLM, {"logits_scaling": 8.0}),
-    "cohere": (CohereConfig, CohereForCausalLM, {"logit_scale": 0.0625}),
+ARCHS = {  # random_lm's, each transform at a value far from 1, so that leaving it out shows
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "gemma2": {"final_logit_softcapping": 0.5},
+    "granite": {"logits_scaling": 8.0},
+    "cohere": {"logit_scale": 0.0625},
 }
-
-
-def random_lm(arch):
-    config, cls, transform = ARCHS[arch]
-    torch.manual_seed(0)
-    return cls(config(**SIZES, initializer_range=0.3, **transform)).eval()
 
 
 IDS = [3, 17, 42, 5, 60, 8, 23, 11, 9, 30]
@@ -36,7 +29,7 @@ IDS = [3, 17, 42, 5, 60, 8, 23, 11, 9, 30]
 def test_logprobs_are_the_models_own(arch, temperature):
     # log-probs of a 64-token vocabulary, |log p| of a few units: fp32 rounds them to ~5e-7, the
     # largest difference seen on every architecture; 1e-5 leaves 20 ulps for another CPU's kernels
-    assert check_logprobs(random_lm(arch), IDS, temperature) < 1e-5
+    assert check_logprobs(random_lm(arch, **SIZES, **ARCHS[arch]), IDS, temperature) < 1e-5
 
 
 @pytest.mark.parametrize("arch", ["granite", "cohere", "gemma2"])
@@ -47,7 +40,7 @@ def test_an_unknown_logit_transform_stops_with_the_model_type(arch, monkeypatch)
     if arch == "gemma2":
         monkeypatch.setattr(LogitTransform, "__call__", lambda self, z: z)
     with pytest.raises(ModelError, match=f"model type '{arch}'"):
-        check_logprobs(random_lm(arch), IDS, 1.0)
+        check_logprobs(random_lm(arch, **SIZES, **ARCHS[arch]), IDS, 1.0)
 
 
 def test_transform_table_reads_the_config():
@@ -55,14 +48,6 @@ def test_transform_table_reads_the_config():
     assert LogitTransform.of(CohereConfig(logit_scale=0.5)) == LogitTransform(0.5, None)
     assert LogitTransform.of(Gemma2Config(final_logit_softcapping=30.0)) == LogitTransform(1.0, 30.0)
     assert LogitTransform.of(LlamaConfig()) == LogitTransform()
-
-
-def frequent_token(rows, skip):
-    counts = {}
-    for r in rows:
-        for t in set(r[2:]) - set(skip):
-            counts[t] = counts.get(t, 0) + 1
-    return max(counts, key=counts.get)
 
 
 @pytest.mark.parametrize("engine", ["hf", "fast"])
@@ -81,7 +66,7 @@ def test_generation_stops_at_every_eos_of_the_generation_config(engine, random_m
     sampling = Sampling(temperature=1.0, max_new_tokens=12, engine=engine)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     torch.manual_seed(0)
-    end_of_turn = frequent_token([t for t, _ in sample(lm, tok, prompts * 4, sampling)], tok.stop_ids)
+    end_of_turn = frequent_token([t for t, _ in sample(lm, tok, prompts * 4, sampling)], tok.stop_ids, after=2)
     GenerationConfig(eos_token_id=[tok.eos_token_id, end_of_turn], top_k=50).save_pretrained(tmp_path)
     tok = load_tokenizer(str(tmp_path))
     assert tok.stop_ids == [tok.eos_token_id, end_of_turn]
@@ -122,7 +107,7 @@ def test_answer_gate_grades_only_what_follows_it():
 def test_answer_gate_with_the_math_grader(tmp_path):
     """The same through the math-verify workers of a file task: the fallback reads the last number."""
     from rewards import Problem, grade_batch
-    from tasks import FileTask
+    from grading.files import FileTask
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "area?", "answer": "42"}\n')
     task = FileTask(str(data), 10.0, 1, 60.0)
@@ -163,7 +148,8 @@ def test_every_registered_algorithm_runs_bare():
     """`train.py --algo X` with no other flag passes validation for every name (Delethink's h = 100
     used to exceed the tiny model's m = 40: h is now min(100, m) unless given)."""
     import algos
-    from config import chunking, parse_config, validate
+    from config import parse_config, validate
+    from extras.markovian import chunking
     for name in algos.ALGORITHMS:
         cfg = parse_config(["--algo", name])
         validate(cfg, 2)

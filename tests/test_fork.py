@@ -25,6 +25,7 @@ import torch
 import algos
 import config
 import pair
+from helpers import metrics, torchrun
 import train
 from grading.pool import RewardFunction
 from rewards import DataError, Problem, Verdict
@@ -41,10 +42,6 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 # ---------------------------------------------------------------- a new algorithm: one file, one line
@@ -73,9 +70,7 @@ def fork_with_toy(dest: Path) -> list[str]:
 def test_a_toy_algorithm_with_a_knob_is_one_file_and_one_registry_line(tmp_path):
     fork = tmp_path / "fork"
     assert fork_with_toy(fork) == ['+    "toy",']  # config.py, train.py and the rest untouched
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
-                        "--algo", "toy", "--toy-cap", "0.3", "--out", str(tmp_path / "run"), *SMALL],
-                       cwd=fork, capture_output=True, text=True, timeout=300)
+    r = torchrun("train.py", "--algo", "toy", "--toy-cap", "0.3", "--out", str(tmp_path / "run"), *SMALL, cwd=fork)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = metrics(tmp_path / "run")
     assert [x["step"] for x in lines] == [1, 2]

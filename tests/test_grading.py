@@ -13,7 +13,8 @@ import pytest
 from grading.pool import MathGrader, MathGraderPool
 from rewards import Problem, Verdict, grade_batch
 from data import make_task
-from tasks import FileTask, RunningSumTask
+from grading.files import FileTask
+from tasks import RunningSumTask
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HANG = [sys.executable, str(FIXTURES / "hang_worker.py")]

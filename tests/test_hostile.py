@@ -18,7 +18,8 @@ import pytest
 
 import rewards
 from rewards import Problem, extract_tag, grade_batch
-from tasks import CountdownTask, FileTask, RunningSumTask
+from grading.files import FileTask
+from tasks import CountdownTask, RunningSumTask
 
 MB = 1 << 20
 TASKS = {  # task, problem, its correct answer written plainly

@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import algos
 from extras.lora import AdaptersOff, add_lora
@@ -17,6 +16,7 @@ from rewards import Problem
 from rollout import Chunk, Episode
 from config import Config
 from train import Learner, pack, padded_tokens, split_minibatches, update
+from helpers import spawn_ranks
 
 
 def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
@@ -155,9 +155,8 @@ def two_ranks(random_model_dir, tmp_path_factory):
     group plus an empty micro-batch that must still join DDP's all-reduce; PSR/NSR: the kept
     rows, rebalanced)."""
     tmp = tmp_path_factory.mktemp("two-ranks")
-    mp.start_processes(_worker, args=(2, str(tmp / "init"), random_model_dir,
-                                      [config(algo, over, micro=3) for algo, over in CASES], str(tmp / "out.pt")),
-                       nprocs=2, start_method="spawn")
+    spawn_ranks(_worker, tmp, random_model_dir, [config(algo, over, micro=3) for algo, over in CASES],
+                str(tmp / "out.pt"))
     return torch.load(tmp / "out.pt")
 
 

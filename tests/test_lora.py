@@ -4,10 +4,7 @@ transformers, a killed run resumes exactly, and user mistakes are named before a
 The 1 process / DDP / FSDP2 gradient agreement and FSDP rollouts are in test_parallel.py."""
 import json
 import math
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -29,11 +26,10 @@ from model import ResponseLogProbs, load_model, load_tokenizer
 from parallel import load_train_state
 from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate, sample
-from test_engine import engine_decode, frequent_token, prompts, random_lm, tokenizer
-from test_faults import complete, equal, hidden, train_state, wait_until
+from helpers import frequent_token, kill_9, metrics, prompts, random_lm, run_main, same_run, start_train, wait_until
+from test_engine import engine_decode, tokenizer
+from test_faults import complete, equal, hidden, train_state
 from test_invariance import CASES, config, make_episodes, one_update, policy
-from test_parallel import qwen2
-from test_train import metrics, run_main, same_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = str(ROOT / "assets" / "tiny-running-sum")
@@ -44,19 +40,6 @@ STEPS = 4
 RUN = ["--lora-rank", "8", "--beta", "0.04", "--sum-max-terms", "3", "--prompts-per-step", "4", "--group-size", "4",
        "--max-new-tokens", "48", "--eval-every", "0", "--log-samples", "2", "--save-every", "1",
        "--max-steps", str(STEPS)]
-
-
-@pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory) -> str:
-    return qwen2(tmp_path_factory.mktemp("qwen2"))
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the killed run's OMP_NUM_THREADS=1: their numbers agree bit for bit
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -249,15 +232,12 @@ def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, c
     complete checkpoint, and replays the rest exactly: the final adapters, merged weights, train
     state and logs equal the uninterrupted run's."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--out", str(run)], cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_train(RUN, run)
     try:
         wait_until(proc, lambda: [p for p in run.glob("checkpoints/.step-*.partial") if p.name != ".step-1.partial"],
                    "a checkpoint write after step-1")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_9(proc)
     partial = hidden(run)
     assert len(partial) == 1 and partial[0].endswith(".partial"), partial
     killed_at = int(partial[0].split("-")[1].split(".")[0])

@@ -16,6 +16,7 @@ import config
 import eval as evaluation
 from extras import mixed
 import pair
+from helpers import metrics
 import train
 from rewards import DataError, Problem
 
@@ -68,10 +69,6 @@ def test_the_stream_draws_sources_by_weight_and_resumes_exactly():
     assert stream({"a": 0.75, "b": 0.25}, seed=1).get(0, 16) != batches[0]  # the seed chooses the draws
     with pytest.raises(RuntimeError, match="asked for prompt 32, but it stands at 192"):
         resumed.get(32, 16)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 # Prompts of each source in steps 1-3 of the run below (seed 0, weights 2:1:1, 4 prompts a step): the

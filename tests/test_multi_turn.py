@@ -17,7 +17,7 @@ from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
-from test_engine import PAD, frequent_token, prompts, random_lm
+from helpers import PAD, frequent_token, prompts, random_lm
 from train import Learner, update
 
 TINY = "assets/tiny-running-sum"
@@ -491,14 +491,10 @@ def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
     environment's worker: a run SIGKILLed once step-2 is saved, then resumed, logs what an
     uninterrupted run logs, multi-turn traces and all, and ends with the same weights."""
     import json
-    import os
-    import signal
-    import subprocess
-    import sys
 
     import train
-    from test_faults import ROOT, complete, equal, wait_until, weights
-    from test_train import metrics, same_run
+    from helpers import kill_9, metrics, same_run, start_train, wait_until
+    from test_faults import complete, equal, weights
     args = [*SMALL, "--max-steps", "4", "--save-every", "1", "--env", "examples/env_retry.py:Retry", "--max-turns", "3"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the killed run's process, so that the numbers agree bit for bit
@@ -506,14 +502,11 @@ def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
         reference = tmp_path / "reference"
         train.main([*args, "--out", str(reference)])
         run = tmp_path / "run"
-        proc = subprocess.Popen([sys.executable, "train.py", *args, "--out", str(run)], cwd=ROOT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start_train(args, run)
         try:
             wait_until(proc, lambda: "step-2" in complete(run) if (run / "checkpoints").is_dir() else False, "step-2")
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_9(proc)
         assert "step-4" not in complete(run)
         train.main(["--resume", str(run)])
     finally:

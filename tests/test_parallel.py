@@ -6,7 +6,6 @@ Every 2-rank check runs in ONE spawn of two gloo processes (`two_ranks`): starti
 seconds of imports on a 2-core machine, the checks themselves a fraction of that.
 """
 import os
-import time
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import timedelta
@@ -15,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, GPTBigCodeConfig, GPTBigCodeForCausalLM,
-                          OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          OPTConfig, OPTForCausalLM)
 
 import algos
 from config import Config
@@ -29,6 +27,7 @@ from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate
 from test_invariance import METRIC_ABS, METRIC_REL, config, make_episodes, one_update, policy
 from train import Learner, update
+from helpers import qwen2, save_random, spawn_ranks
 
 CPU = torch.device("cpu")
 
@@ -192,22 +191,10 @@ def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
 
 
 @pytest.fixture(scope="module")
-def small_qwen2(tmp_path_factory) -> str:
-    return qwen2(tmp_path_factory.mktemp("qwen2"))
-
-
-@pytest.fixture(scope="module")
-def two_ranks(random_model_dir, small_qwen2, tmp_path_factory):
+def two_ranks(random_model_dir, qwen2_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two-ranks")
     out = tmp / "rank0.pt"
-    ctx = mp.start_processes(_worker, args=(2, str(tmp / "init"), random_model_dir, small_qwen2, str(out)),
-                             nprocs=2, start_method="spawn", join=False)
-    deadline = time.monotonic() + 300
-    while not ctx.join(timeout=5):  # raises if a rank failed
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the 2-rank worker hung")
+    spawn_ranks(_worker, tmp, random_model_dir, qwen2_dir, str(out))
     return torch.load(out)
 
 
@@ -233,14 +220,14 @@ def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks)
 
 
 @pytest.mark.parametrize("case", range(len(LORA_CASES)), ids=[a for a, _ in LORA_CASES])
-def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, small_qwen2):
+def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2_dir):
     """LoRA on a random Qwen2, one mini-batch under SGD with lr 1 (the change of a weight is its
     gradient): 1 process with micro-batch 12 against 2 ranks with micro-batch 3 under DDP, FSDP2
     and FSDP2 with gradient checkpointing; the adapters agree to 1e-6, every base weight is
     bitwise what was loaded (and no base weight changed on 1 process either)."""
     algo, over = LORA_CASES[case]
-    base, base_metrics = one_update(small_qwen2, config(algo, over, micro=12))
-    start = load_model(small_qwen2).state_dict()
+    base, base_metrics = one_update(qwen2_dir, config(algo, over, micro=12))
+    start = load_model(qwen2_dir).state_dict()
     adapters = [k for k in base if ".lora_" in k]
     assert len(adapters) == 2 * 7 * 2  # A and B of 7 linear layers in 2 decoder layers
     frozen = {k.replace(".base_layer.", "."): k for k in base if ".lora_" not in k}
@@ -305,18 +292,11 @@ def test_the_traced_engine_runs_on_wrapped_policies(two_ranks, mode, lora):
 
 # ============================================================================ 2. activation checkpointing
 
-def save_random(model, path) -> str:
-    model.save_pretrained(path)  # safetensors, as load_model requires
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
     """A random 8-layer Qwen2: activations of 8 layers against those of the embeddings and head."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return save_random(Qwen2ForCausalLM(cfg), tmp_path_factory.mktemp("qwen2-8"))
+    return qwen2(tmp_path_factory.mktemp("qwen2-8"), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 max_position_embeddings=128, attention_dropout=0.0)
 
 
 def saved_activation_bytes(scorer, batch) -> tuple[int, dict]:
@@ -360,13 +340,6 @@ def gpt2(path) -> str:
     cfg = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                      resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
     return save_random(GPT2LMHeadModel(cfg), path)
-
-
-def qwen2(path) -> str:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.5)
-    return save_random(Qwen2ForCausalLM(cfg), path)
 
 
 def two_forwards(lm, batch):

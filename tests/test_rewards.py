@@ -7,7 +7,8 @@ from eval import pass_at_k
 from grading.math_answers import gold_answer
 from rewards import DataError, Problem, Verdict, overlong_penalty, parse_arithmetic
 from data import make_task
-from tasks import CountdownTask, RunningSumTask, builtin_splits, load_file
+from grading.files import load_file
+from tasks import CountdownTask, RunningSumTask, builtin_splits
 
 
 def test_running_sum_solution_and_grader():

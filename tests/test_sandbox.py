@@ -26,8 +26,8 @@ from grading import sandbox
 from grading.code import (CodeGrader, CodeVerdict, CodeTests, CodeTestsError, extract_program, outputs_match,
                          parse_tests, returns_match)
 from grading.sandbox import ISOLATIONS, Limits, Sandbox, SandboxError
+from helpers import fenced, fixture_problems
 
-FIXTURE = Path(__file__).parent / "fixtures" / "code_problems.jsonl"
 LIMITS = Limits(timeout=1.0)
 SLACK = 2.0  # seconds a hostile case may take beyond its time limit: set-up, the kill, the sweep
 MB = 1 << 20
@@ -49,10 +49,6 @@ def make_box(mode: str) -> Sandbox:
 @pytest.fixture(scope="module", params=ISOLATIONS)
 def box(request):
     return make_box(request.param)
-
-
-def fenced(program: str) -> str:
-    return f"Here is my solution.\n```python\n{program}\n```\nDone."
 
 
 def sandbox_processes() -> list[int]:
@@ -266,10 +262,6 @@ def test_unknown_isolation_is_an_error():
 
 
 # ----------------------------------------------------------------------------- grading
-
-def fixture_problems() -> list[dict]:
-    return [json.loads(line) for line in FIXTURE.read_text().splitlines()]
-
 
 def test_fixture_right_programs_score_1_and_wrong_ones_0(box):
     problems = fixture_problems()

@@ -3,7 +3,6 @@ import json
 import math
 import socket
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 import eval as evaluation
 import config
 import pair
+from helpers import TORCHRUN, metrics, run_main, same_run, torchrun
 import train
 from model import load_model
 from parallel import load_train_state
@@ -22,12 +22,6 @@ from parallel import load_train_state
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24",
          "--eval-problems", "8", "--eval-samples", "2", "--eval-k", "1,2"]
-
-
-def run_main(argv):
-    with pytest.raises(SystemExit) as e:
-        train.main(argv)
-    return str(e.value)
 
 
 @pytest.mark.parametrize("rows,expected", [
@@ -136,9 +130,7 @@ def test_keep_checkpoints_keeps_the_newest(tmp_path):
 
 
 def test_torchrun_config_error_is_said_once_and_nothing_hangs(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
-           "--out", str(tmp_path / "run"), "--group-size", "0"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = torchrun("train.py", "--out", str(tmp_path / "run"), "--group-size", "0", timeout=120)
     assert r.returncode != 0 and r.stderr.count("error: group_size=0: must be ≥ 1") == 1
     assert 'File "' + str(ROOT / "train.py") not in r.stderr  # no traceback of ours
     assert not (tmp_path / "run").exists()
@@ -161,31 +153,19 @@ def metrics_of(runs, name) -> list[dict]:
     return metrics(pair.folder(runs, name))
 
 
-def metrics(out) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def two_nodes(out, *args) -> list[dict]:
     """train.py as two one-rank "nodes" on this machine (two torchrun launchers meeting at a c10d
     rendezvous), 2 steps; the metrics.jsonl rows."""
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+    procs = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1",
                                "--node_rank", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
                                "train.py", "--max-steps", "2", "--out", str(out), *SMALL, *args],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
     return metrics(out)
-
-
-def same_run(a: list[dict], b: list[dict]) -> bool:
-    """Every logged value but the timings and the sampler/trainer mismatch is equal, step by step.
-    (The mismatch is fp32 rounding, ~1e-5, and rounding follows the thread count: a one-rank
-    "node" runs 2 threads where torchrun gives each of 2 local ranks 1.)"""
-    untimed = [{k: v for k, v in row.items() if not k.startswith(("time/", "mismatch/"))} for row in a + b]
-    return untimed[:len(a)] == untimed[len(a):]
 
 
 on_two_ranks("smoke", "--algo", "grpo", "--eval-every", "2")
