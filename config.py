@@ -193,7 +193,8 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 
 def _kind(name: str) -> type:
-    return type(default((RunConfig if name in RunConfig.__dataclass_fields__ else config_class()).__dataclass_fields__[name]))
+    owner = RunConfig if name in RunConfig.__dataclass_fields__ else config_class()
+    return type(default(owner.__dataclass_fields__[name]))
 
 
 def default(f: dataclasses.Field):

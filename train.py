@@ -190,7 +190,7 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     if algo.advantages is None:
         return
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
-    if algo.response_tokens:  # REINFORCE++ whitens over the batch's tokens: it also reads each response's trained tokens
+    if algo.response_tokens:  # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens
         tokens = torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)
         adv = algo.advantages(scores, cfg, tokens)
     else:

@@ -39,7 +39,7 @@ from parallel import compute_dtype, parallel_mode
 from rewards import DataError
 from rollout import engine_for
 
-SHAPES = Path(__file__).resolve().parent / "assets" / "shapes"
+SHAPES = Path(__file__).resolve().parent.parent / "assets" / "shapes"
 GiB = 2 ** 30
 CUDA_RESERVE = 1.5 * GiB  # CUDA context + NCCL outside PyTorch's allocator: 1.35-1.5 GiB measured on an H100
 # Reserved / allocated at a phase's peak, measured on an H100: 1.08 with

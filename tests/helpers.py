@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,26 @@ def spawn_ranks(worker, folder: Path, *args, world: int = 2, timeout: float = 30
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"the {world}-rank worker hung")
+
+
+def join_ranks(rank: int, world: int, init_file: str, timeout: float) -> None:
+    """A `spawn_ranks` worker's first line: one thread, and the gloo group. A short collective
+    `timeout` (seconds) turns a hang (a rank waiting for one that never comes) into an error."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
+
+
+def leave_ranks() -> None:
+    """A `spawn_ranks` worker's last line: wait for every rank (none tears gloo down while another
+    still uses it), end the group and exit at once. Skipping interpreter teardown: a gloo thread still
+    alive there once aborted rank 1 after its work was done ("terminate called without an active
+    exception", SIGABRT; cf. pytorch/pytorch#179291), failing a test for a reason outside it."""
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
 
 
 # ============================================================================ code problems

@@ -277,6 +277,7 @@ def _random_arithmetic(rng, depth: int) -> str:
                        f"{{{a}}}^{rng.randint(0, 3)}", f"-{a}", f"({a})", f"({a})!"])
 
 
+@pytest.mark.slow
 def test_arithmetic_reads_random_answers_as_the_library_reads():
     """The same on 150 seeded random answers of the grammar (by hand before: 1,300 more, no difference).
     The library reads a decimal as a float, so the values are compared to 1e-9."""

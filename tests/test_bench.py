@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # each test runs a benchmark script in a fresh process
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

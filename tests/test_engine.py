@@ -57,6 +57,7 @@ def test_greedy_equals_hf_generate(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_step_compiles_whole_and_equals_eager(arch):
     """torch.compile(fullgraph=True, dynamic=False) of the step succeeds (a graph break would raise),
     and the traced step writes exactly the untraced step's tokens and log-probs, greedy and sampled
@@ -79,6 +80,7 @@ def test_step_compiles_whole_and_equals_eager(arch):
     assert Engine.compiles - before == 2  # one graph per sampling mode (greedy; top-k and top-p on)
 
 
+@pytest.mark.slow
 def test_new_and_moved_weights_are_seen_without_a_new_graph():
     """An optimizer step writes the weights in place, and a weight put in new storage (as a resume or
     a user's own code can) is another tensor at another address: either way the traced step reads
@@ -229,6 +231,7 @@ def slab_copies(graph, capacity: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_kv_write_stays_in_place_under_inductor():
     """Inductor (the CUDA path's compiler, here on the CPU) keeps the step's KV write an in-place
     index_put_ into the slab buffer in every graph, when the live rows fill the slab and when they are
@@ -282,6 +285,7 @@ class Words:
         return ""
 
 
+@pytest.mark.slow
 def test_compiles_are_bounded_over_a_run(monkeypatch):
     """With the CUDA path's dynamo options (fullgraph=True, dynamic shapes, the same step; only the
     backend is eager), a run's sequence of calls compiles one graph per sampling mode and no more:
@@ -318,6 +322,7 @@ def test_compiles_are_bounded_over_a_run(monkeypatch):
     assert counts[-1] <= torch._dynamo.config.recompile_limit - 4
 
 
+@pytest.mark.slow
 def test_no_sampling_knob_is_a_graph_constant(monkeypatch):
     """A second temperature and top-p reuse the graph of the first (they are device tensors, not
     Python floats), and no graph has a float64 0-d input: the form in which dynamo lifts a Python

@@ -105,6 +105,7 @@ def test_three_turns_keep_state_in_one_worker_and_end_graded(env_file):
         env.close()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_nothing_replay_rebuilds_each_trace(env_file):
     env = open_env(env_file, timeout=1.0, workers=1)
     p, q = Problem("one", "", id="p"), Problem("two", "", id="q")
@@ -126,6 +127,7 @@ def test_a_killed_worker_loses_nothing_replay_rebuilds_each_trace(env_file):
         env.close()
 
 
+@pytest.mark.slow
 def test_a_hostile_environment_fails_its_own_step_and_the_next_step_works(env_file):
     env = open_env(env_file, timeout=1.0, workers=2, max_chars=1000)
     p = Problem("Say t2", "t2", id="p1")
@@ -152,6 +154,7 @@ def test_a_hostile_environment_fails_its_own_step_and_the_next_step_works(env_fi
         env.close()
 
 
+@pytest.mark.slow
 def test_a_hanging_trace_holds_up_its_worker_only(env_file):
     env = open_env(env_file, timeout=1.5, workers=2)
     p = Problem("x", "")

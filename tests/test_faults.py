@@ -65,6 +65,7 @@ def equal(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.slow
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A run in another process holds its folder: a second launch there is refused. SIGKILL it as
     soon as a checkpoint folder after step-1 appears (.step-K.partial): step-(K-1) is the newest

@@ -67,6 +67,7 @@ def fork_with_toy(dest: Path) -> list[str]:
     return changed
 
 
+@pytest.mark.slow
 def test_a_toy_algorithm_with_a_knob_is_one_file_and_one_registry_line(tmp_path):
     fork = tmp_path / "fork"
     assert fork_with_toy(fork) == ['+    "toy",']  # config.py, train.py and the rest untouched
@@ -191,6 +192,7 @@ def reward(prompt, response, answer):
 '''
 
 
+@pytest.mark.slow
 def test_a_reward_that_raises_hangs_or_returns_a_string_scores_zero_counted(tmp_path):
     path = tmp_path / "hostile.py"
     path.write_text(HOSTILE)

@@ -90,6 +90,7 @@ def test_file_task_without_math_verify_fails_before_any_model_loads(tmp_path, mo
         FileTask(str(path))
 
 
+@pytest.mark.slow
 def test_timeout_scores_zero_and_next_call_gets_a_fresh_worker():
     g = MathGrader(timeout=0.5, command=HANG)
     try:
@@ -105,6 +106,7 @@ def test_timeout_scores_zero_and_next_call_gets_a_fresh_worker():
         g.close()
 
 
+@pytest.mark.slow
 def test_timeout_counted_over_a_batch():
     g = MathGrader(timeout=0.3, command=HANG)
     try:
@@ -115,6 +117,7 @@ def test_timeout_counted_over_a_batch():
     assert sum(v.reward for v in verdicts) == 0.0
 
 
+@pytest.mark.slow
 def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
     """sympy never finishes on 10^{10^{10}} (found by probing; memory stays small meanwhile)."""
     g = MathGrader(timeout=1.0)
@@ -252,6 +255,7 @@ def test_grade_batch_on_a_file_task_keeps_order_and_verdicts(tmp_path):
     assert verdicts[3] == verdicts[6] == Verdict(0.0, None, "")  # no answer; one past MATH_ANSWER_CHARS
 
 
+@pytest.mark.slow
 def test_budget_ends_a_batch_and_the_run_goes_on(tmp_path):
     """Two workers, 1 s: one takes 72, 70, then the second hang; the other hangs on the first;
     neither is free again before the budget is spent, so the last two are never sent."""
@@ -275,6 +279,7 @@ def test_budget_ends_a_batch_and_the_run_goes_on(tmp_path):
         task.close()
 
 
+@pytest.mark.slow
 def test_pool_grades_in_parallel_and_close_kills_its_workers():
     pool = MathGraderPool(timeout=10.0, workers=4, command=SCRIPTED)
     try:

@@ -1,13 +1,10 @@
 """docs/math.md §0: one mini-batch gives the same update on 1 or 2 ranks, with 1 or 3 micro-batches."""
-import os
 import random
 from contextlib import nullcontext
 from dataclasses import replace
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import algos
 from extras.lora import AdaptersOff, add_lora
@@ -16,7 +13,7 @@ from rewards import Problem
 from rollout import Chunk, Episode
 from config import Config
 from train import Learner, pack, padded_tokens, split_minibatches, update
-from helpers import spawn_ranks
+from helpers import join_ranks, leave_ranks, spawn_ranks
 
 
 def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
@@ -87,9 +84,7 @@ def one_update(model_dir, cfg, rank=0, world=1):
 def _worker(rank, world, init_file, model_dir, cfgs, out_file):
     """Every config's update in turn on this rank; rank 0 saves [{"params", "metrics"} or
     {"error"}, ...]. One pair of processes for all cases: starting them is most of a case's cost."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(minutes=2))  # a case that fails on one rank only
+    join_ranks(rank, world, init_file, timeout=120)  # a case that fails on one rank only
     results = []
     for cfg in cfgs:
         try:
@@ -99,12 +94,7 @@ def _worker(rank, world, init_file, model_dir, cfgs, out_file):
             results.append({"error": f"{type(e).__name__}: {e}"})
     if rank == 0:
         torch.save(results, out_file)
-    dist.barrier()  # neither rank tears gloo down while the other still uses it
-    dist.destroy_process_group()
-    # Skip interpreter teardown: a gloo thread still alive there once aborted rank 1 after its work
-    # was done ("terminate called without an active exception", SIGABRT; cf. pytorch/pytorch#179291),
-    # failing this test for a reason outside it.
-    os._exit(0)
+    leave_ranks()
 
 
 CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rloo", {"mini_batches": 2}),
@@ -169,6 +159,7 @@ METRIC_REL, METRIC_ABS = 1e-5, 1e-5
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{a}-{i}" for i, (a, _) in enumerate(CASES)])
+@pytest.mark.slow
 def test_micro_batches_and_ranks_agree(case, random_model_dir, two_ranks):
     algo, over = CASES[case]
     base, base_metrics = one_update(random_model_dir, config(algo, over, micro=12))

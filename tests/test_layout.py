@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL = ("grading", "environments", "extras")  # the folders of optional features
 PROJECT = ("algos", *OPTIONAL)  # packages of the project, beside the root's modules
 
 
+@pytest.mark.slow
 def test_the_default_run_imports_no_optional_module(tmp_path):
     """A default step, its eval and its checkpoint (one of each, in a fresh interpreter, as a user runs
     train.py) load nothing from grading/, environments/ or extras/."""
@@ -26,6 +29,7 @@ def test_the_default_run_imports_no_optional_module(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_flag_imports_its_folder(tmp_path):
     """The check above can fail: --env calculator does import environments/ (and only what it needs)."""
     script = ("import json, sys, config; cfg = config.parse_config(sys.argv[1:]); from model import load_tokenizer; "

@@ -66,6 +66,7 @@ def learner(scorer, lm, ref_scorer, optimizer, scheduler, cfg) -> train.Learner:
                          device=CPU)
 
 
+@pytest.mark.slow
 def test_a_step_trains_the_adapters_only_and_adamw_holds_only_theirs(qwen2_dir):
     """A random Qwen2 with adapters on its 7 linear layers: one GRPO update with AdamW, built as
     train.main builds it; every base weight stays bitwise equal, every adapter tensor moves."""
@@ -91,6 +92,7 @@ def initial(qwen2_dir) -> dict:
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{a}-{i}" for i, (a, _) in enumerate(CASES)])
+@pytest.mark.slow
 def test_every_algorithm_trains_the_adapters_only(case, qwen2_dir, initial):
     """test_invariance's cases (every --algo, Markovian chunk rows, K > 1, epochs, token budgets)
     with LoRA: the update runs, moves every adapter, and leaves the base bitwise as loaded."""
@@ -110,6 +112,7 @@ def test_lora_learning_rate_is_ten_times_lr():
 
 # ============================================================================ the reference
 
+@pytest.mark.slow
 def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
     """AdaptersOff(scorer) gives the base model's log-probs (a separately loaded copy) to 1e-6 while
     the adapted policy's differ; after it the adapters are on and trainable again. With fresh
@@ -140,6 +143,7 @@ def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
 
 # ============================================================================ rollouts
 
+@pytest.mark.slow
 def test_the_engine_step_compiles_whole_with_lora_layers_and_sees_them():
     """With peft's LoRA layers in the model, the engine decodes from its inference copy with the
     adapters merged (W + (α/r)·B A): torch.compile(fullgraph=True) traces that step (no graph
@@ -177,6 +181,7 @@ def trained_policy(checkpoint: Path):
     return lm
 
 
+@pytest.mark.slow
 def test_checkpoints_load_in_peft_and_merged_in_transformers(reference, tmp_path):
     """Every checkpoint is an adapter folder; only the last also has merged weights, in merged/. The
     adapter folder loaded with PeftModel.from_pretrained (or transformers' own from_pretrained, which
@@ -217,6 +222,7 @@ def test_checkpoints_load_in_peft_and_merged_in_transformers(reference, tmp_path
     assert scores["adapter"] == scores["merged"]
 
 
+@pytest.mark.slow
 def test_a_damaged_lora_checkpoint_is_named(reference, tmp_path):
     run = shutil.copytree(reference, tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
     newest = run / "checkpoints" / f"step-{STEPS}"
@@ -226,6 +232,7 @@ def test_a_damaged_lora_checkpoint_is_named(reference, tmp_path):
     assert f"checkpoint {newest}: incomplete, no adapter_model.safetensors" in msg, msg
 
 
+@pytest.mark.slow
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A LoRA run in another process is killed as soon as a checkpoint after step-1 is being
     written; `--resume` loads the base from --model and the adapters and AdamW from the newest

@@ -76,6 +76,7 @@ def test_the_stream_draws_sources_by_weight_and_resumes_exactly():
 DRAWN = [[3, 1, 0], [1, 1, 2], [1, 2, 1]]
 
 
+@pytest.mark.slow
 def test_a_mixed_run_logs_each_domain_and_resumes_with_the_same_draws(random_model_dir, tmp_path):
     # (countdown would do as well as SmallSums, but building its 20,000-problem split takes 3 s)
     flags = ["--model", random_model_dir, "--data", f"running_sum,{SMALL_SUMS}:SmallSums,{FIXTURE}",

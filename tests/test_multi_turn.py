@@ -175,6 +175,7 @@ def test_python_tool_runs_the_block_in_the_sandbox():
     "while True: pass",  # past the wall-clock limit
     "while True: print('x' * 65536)",  # past the output cap
 ])
+@pytest.mark.slow
 def test_hostile_tool_code_ends_the_trace_with_reward_0_counted(program):
     tok = load_tokenizer(TINY)
     session = Session(PythonTool(Problem("p", "1")), Observations(tok, True), 32)
@@ -319,6 +320,7 @@ def test_the_environments_reward_replaces_the_graders():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.slow
 def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch):
     """Random models; a frequent token as EOS, so that turns end at different steps; every trace gets
     two observations of different lengths, so the third turn's contexts are ragged."""
@@ -333,7 +335,8 @@ def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch)
         made = iter(range(100))
         return generate(lm, fake_tokenizer(eos), problems, queries, group_size=1,
                         sampling=replace(greedy, engine=engine),
-                        shape=MultiTurn(lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]), Turns(max_turns=3)))
+                        shape=MultiTurn(lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]),
+                                        Turns(max_turns=3)))
 
     hf, fast = run("hf"), run("fast")
     assert [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in fast] == \
@@ -393,6 +396,7 @@ NORMALISERS = [
 
 
 @pytest.mark.parametrize("algo,over,weights", NORMALISERS, ids=[n[0] for n in NORMALISERS])
+@pytest.mark.slow
 def test_turn_rows_give_the_gradient_of_the_masked_trace(algo, over, weights):
     """One on-policy step (SGD, lr 1: the change is minus the gradient) on turn rows equals the
     hand-written loss on each trace as one row, observations masked out: Σ_τ w_τ Σ_t∈written −A_τ logp_t,
@@ -430,6 +434,7 @@ def test_turn_rows_give_the_gradient_of_the_masked_trace(algo, over, weights):
         assert torch.allclose(got[name], p.grad, atol=1e-6), name
 
 
+@pytest.mark.slow
 def test_no_observation_token_receives_gradient():
     """The gradient of one update with respect to the final hidden state of every position (the
     logits there are a function of it alone): zero at each position that predicts an observation
@@ -464,6 +469,7 @@ SMALL = ["--prompts-per-step", "4", "--group-size", "2", "--max-new-tokens", "48
          "--sum-max-terms", "3", "--eval-every", "0", "--log-samples", "8"]
 
 
+@pytest.mark.slow
 def test_a_hostile_user_environment_scores_0_counted_and_the_run_goes_on(tmp_path):
     """tests/fixtures/hostile_env.py raises, hangs past --env-timeout, returns megabytes or a number,
     or ends the trace, by problem: 2 steps of 8 traces finish, the failures scored 0 and counted."""
@@ -486,6 +492,7 @@ def test_a_hostile_user_environment_scores_0_counted_and_the_run_goes_on(tmp_pat
 
 
 
+@pytest.mark.slow
 def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
     """examples/env_retry.py (a wrong answer is told so, and the model tries again) in a user
     environment's worker: a run SIGKILLed once step-2 is saved, then resumed, logs what an

@@ -5,10 +5,8 @@ sharded parameters in place.
 Every 2-rank check runs in ONE spawn of two gloo processes (`two_ranks`): starting a rank costs
 seconds of imports on a 2-core machine, the checks themselves a fraction of that.
 """
-import os
 from contextlib import nullcontext
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate
 from test_invariance import METRIC_ABS, METRIC_REL, config, make_episodes, one_update, policy
 from train import Learner, update
-from helpers import qwen2, save_random, spawn_ranks
+from helpers import join_ranks, leave_ranks, qwen2, save_random, spawn_ranks
 
 CPU = torch.device("cpu")
 
@@ -166,10 +164,7 @@ def every_mode(model_dir, cfg, rank, world) -> dict:
 
 
 def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
-    torch.set_num_threads(1)
-    # A short collective timeout turns a hang (a rank waiting for one that never comes) into an error.
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    join_ranks(rank, world, init_file, timeout=60)
     result = {"updates": {algo: every_mode(model_dir, config(algo, over, micro=3), rank, world)
                           for algo, over in UPDATE_CASES},
               "lora": [every_mode(qwen2_dir, config(algo, over, micro=3), rank, world) for algo, over in LORA_CASES]}
@@ -185,9 +180,7 @@ def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
         dist.all_gather_object(result[f"compiled {mode}{' lora' * lora}"], got)
     if rank == 0:
         torch.save(result, out_file)
-    dist.barrier()  # neither rank tears gloo down while the other still uses it
-    dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: see test_invariance._worker
+    leave_ranks()
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +194,7 @@ def two_ranks(random_model_dir, qwen2_dir, tmp_path_factory):
 # ============================================================================ 1. same update
 
 @pytest.mark.parametrize("algo,over", UPDATE_CASES, ids=[a for a, _ in UPDATE_CASES])
+@pytest.mark.slow
 def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks):
     """One mini-batch: 1 process, micro-batch 12 vs 2 ranks, micro-batch 3, under DDP and FSDP2
     (also with HF's gradient checkpointing inside the sharded layers: the real-model setting)."""
@@ -220,6 +214,7 @@ def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks)
 
 
 @pytest.mark.parametrize("case", range(len(LORA_CASES)), ids=[a for a, _ in LORA_CASES])
+@pytest.mark.slow
 def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2_dir):
     """LoRA on a random Qwen2, one mini-batch under SGD with lr 1 (the change of a weight is its
     gradient): 1 process with micro-batch 12 against 2 ranks with micro-batch 3 under DDP, FSDP2
@@ -244,6 +239,7 @@ def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2
             assert metrics[k] == pytest.approx(base_metrics[k], abs=1e-5), (mode, k)
 
 
+@pytest.mark.slow
 def test_lora_rollouts_see_the_adapters_with_both_engines_under_fsdp(two_ranks):
     """Greedy tokens of a LoRA policy sharded by FSDP, inside full_weights: HF generate and the
     engine both write what the one-process adapted model writes, which is not what the base writes."""
@@ -254,6 +250,7 @@ def test_lora_rollouts_see_the_adapters_with_both_engines_under_fsdp(two_ranks):
 
 # ============================================================================ 4. FSDP rollouts
 
+@pytest.mark.slow
 def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
     """Inside full_weights the sharded model greedily writes exactly what the plain one does (all
     ranks, in batches, with the fast engine, rank 0 alone); after it the optimizer's sharded parameters are back."""
@@ -274,6 +271,7 @@ COMPILED_CASES = [("fsdp", False), ("ddp", False), ("fsdp", True)]
 
 
 @pytest.mark.parametrize("mode,lora", COMPILED_CASES, ids=[f"{m}{'-lora' * lora}" for m, lora in COMPILED_CASES])
+@pytest.mark.slow
 def test_the_traced_engine_runs_on_wrapped_policies(two_ranks, mode, lora):
     """The engine's step traced as CUDA traces it (fullgraph=True; FSDP2's hooks are marked
     untraceable, so the step must run on the hook-free inference copy) on a policy under DDP or

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoConfig
 
 from config import Config, parse_config
-from extras.plan import (Target, decode_repeats_kv, estimate, find_shape, layer_activations, print_plan, shape_from_config,
-                  suggestions, tensor_budget)
+from extras.plan import (Target, decode_repeats_kv, estimate, find_shape, layer_activations, print_plan,
+                         shape_from_config, suggestions, tensor_budget)
 from rewards import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +23,7 @@ PAPER_CONFIGS = ["qwen2.5-1.5b_gsm8k_grpo", "qwen2.5-7b_deepscaler_pacs", "qwen2
 
 @pytest.mark.parametrize("arch,checkpointing,engine,lora", [("qwen2", False, "hf", 0), ("qwen3", True, "hf", 0),
                                                             ("qwen2", True, "fast", 0), ("qwen2", False, "hf", 16)])
+@pytest.mark.slow
 def test_estimate_within_25_percent_of_measured_peak(arch, checkpointing, engine, lora, tmp_path):
     """The acceptance check: rollout and update peaks of the project's own code path on CPU
     (fp32, one rank), measured by counting live tensor storages, against the plan for the same

@@ -24,7 +24,7 @@ import pytest
 
 from grading import sandbox
 from grading.code import (CodeGrader, CodeVerdict, CodeTests, CodeTestsError, extract_program, outputs_match,
-                         parse_tests, returns_match)
+                          parse_tests, returns_match)
 from grading.sandbox import ISOLATIONS, Limits, Sandbox, SandboxError
 from helpers import fenced, fixture_problems
 
@@ -293,6 +293,7 @@ def test_no_code_and_crashes_are_counted_failures(box):
         == CodeVerdict(0.0, 0.0, "crash")
 
 
+@pytest.mark.slow
 def test_budget_bounds_a_batch_and_the_rest_goes_on():
     box = make_box("auto")
     right = fenced("a, b = map(int, input().split())\nprint(a + b)")
@@ -374,6 +375,7 @@ def graded_hostile(box, cases: dict[str, tuple[str, set[str], float]]) -> None:
     assert meminfo("Committed_AS") < before_commit + 256 * MB
 
 
+@pytest.mark.slow
 def test_hostile_programs_score_0_and_leave_nothing(box):
     """Every hostile program this mode contains, graded at once. The daemons sleep 60 s, one after
     its parent printed the right answer (scored 1): nothing of them exists after the batch, nor a

@@ -92,6 +92,7 @@ def test_prompts_longer_than_the_context_are_refused(tmp_path):
     assert "number 1 ('1+1+" in msg and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
     """Interrupted after step 2 (with a half-written row of step 3 in the logs, as a kill leaves
     it), `--resume RUN --max-steps 3` continues with the run's own flags and equals a 3-step run."""
@@ -123,12 +124,14 @@ def test_resume_carries_the_run_config_and_logs_each_step_once(tmp_path):
     assert (run / "checkpoints" / "discarded" / "step-3" / "trainer_state.pt").stat().st_size == 100
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_keeps_the_newest(tmp_path):
     train.main([*SMALL, "--eval-every", "0", "--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "2",
                 "--out", str(tmp_path / "run")])
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
+@pytest.mark.slow
 def test_torchrun_config_error_is_said_once_and_nothing_hangs(tmp_path):
     r = torchrun("train.py", "--out", str(tmp_path / "run"), "--group-size", "0", timeout=120)
     assert r.returncode != 0 and r.stderr.count("error: group_size=0: must be ≥ 1") == 1
@@ -260,6 +263,7 @@ def final_weights(run):
     return load_file(str(run / "checkpoints" / "step-4" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_trajectory(random_model_dir, tmp_path):
     # A random model never earns the reward; the length penalty gives its groups some spread.
     common = ["--model", random_model_dir, "--max-steps", "4", "--eval-every", "0", "--lr", "1e-2",
