@@ -46,9 +46,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)  # the repository: the folder
 
 def module_command(module: str, *args: str) -> list[str]:
     """The command that runs a module of this repository as a script (its `__main__` block), in a
-    fresh interpreter that imports the repository's modules wherever the trainer was started from:
+    fresh interpreter whose sys.path starts at the repository, as `python train.py` does, wherever
+    the trainer was started from (`-c` would put the working directory there instead):
     module_command("grading.math_answers", "--math-worker")."""
-    boot = f"import runpy, sys; sys.path.insert(0, {ROOT!r}); runpy.run_module({module!r}, run_name='__main__')"
+    boot = f"import runpy, sys; sys.path[0] = {ROOT!r}; runpy.run_module({module!r}, run_name='__main__')"
     return [sys.executable, "-c", boot, *args]
 
 

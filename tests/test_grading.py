@@ -3,6 +3,7 @@ threads; grade_batch with a pool of workers and a budget. The fixture pairs are 
 tests/fixtures/grader_pairs.jsonl, each verdict decided from the mathematics before the grader was
 run."""
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grading.pool import MathGrader, MathGraderPool
+from grading.pool import MathGrader, MathGraderPool, module_command
 from rewards import Problem, Verdict, grade_batch
 from data import make_task
 from grading.files import FileTask
@@ -293,3 +294,14 @@ def test_pool_grades_in_parallel_and_close_kills_its_workers():
     assert verdicts == [Verdict(0.0, "\\boxed{sleep}")] * 4
     assert seconds < 3.5  # 1 s each: one after another would take 4 s
     assert all(proc.poll() is not None for proc in procs)
+
+
+def test_a_worker_imports_the_repository_wherever_the_trainer_started(tmp_path):
+    """A worker runs its module of grading/ with sys.path starting at the repository, as `python
+    train.py` does: a file in the working directory named like a module it imports (json.py here)
+    does not replace it, and the worker says it is ready."""
+    (tmp_path / "json.py").write_text("raise SystemExit('the working directory was on sys.path')\n")
+    done = subprocess.run(module_command("grading.math_answers", "--math-worker"), input="", cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[0]) == "ready"
