@@ -90,7 +90,7 @@ class RunConfig:
     # --- any algorithm (each algorithm's own knobs come from algos/, see Config below)
     entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
     train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
-    # --- Markovian thinking (Delethink, docs/math.md §5; rollout.py), with any algorithm but PACS and GSPO
+    # --- Markovian thinking (Delethink, docs/math.md §5; extras/markovian.py), with any algorithm but PACS and GSPO
     max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain
     carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
     chunk_head: int = -1  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail; -1 = min(100, m) (official 100)
@@ -134,6 +134,17 @@ class RunConfig:
     world_size: int = 0  # ranks the plan assumes; 0 = this launch's
     gpu_memory: float = 80.0  # GiB per GPU the plan must fit
     plan_prompt_tokens: int = 512  # prompt length the plan assumes (use your data's longest)
+
+    @property
+    def chunk_carryover(self) -> int:
+        """m, the tokens a Markovian chunk carries into the next one's prompt: carryover, or C/2 when 0."""
+        return self.carryover or self.max_new_tokens // 2
+
+    @property
+    def chunk_head_tokens(self) -> int:
+        """h ≤ m, the first tokens of chunk 1 every later chunk keeps: chunk_head, or min(100, m) when −1
+        (the official 100)."""
+        return min(100, self.chunk_carryover) if self.chunk_head < 0 else self.chunk_head
 
 
 @functools.cache
@@ -333,9 +344,7 @@ def markovian_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """The rule of Markovian thinking's knobs, when a run (or its eval) writes chunks."""
     if max(cfg.max_chunks, cfg.eval_max_chunks) == 1:
         return []
-    from extras.markovian import chunking
-
-    m, h = chunking(cfg).carryover, chunking(cfg).head
+    m, h = cfg.chunk_carryover, cfg.chunk_head_tokens
     return [(0 <= h <= m < cfg.max_new_tokens, f"Markovian thinking needs 0 ≤ chunk_head ({h}) ≤ carryover "
                                                f"({m}) < max_new_tokens (the chunk size, {cfg.max_new_tokens})")]
 
@@ -501,11 +510,7 @@ def response_tokens(cfg: RunConfig) -> int:
     C + (I − 1)(C − m); with --env, max_turns turns of max_new_tokens (observations are not generated)."""
     if cfg.env:
         return cfg.max_turns * cfg.max_new_tokens
-    if cfg.max_chunks == 1:
-        return cfg.max_new_tokens
-    from extras.markovian import chunking
-
-    return chunking(cfg).max_tokens(cfg.max_new_tokens)
+    return cfg.max_new_tokens + (cfg.max_chunks - 1) * (cfg.max_new_tokens - cfg.chunk_carryover)
 
 
 def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:

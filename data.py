@@ -16,7 +16,7 @@ from tasks import CODE_TEMPLATES, TASKS, Task, domain_name, has_own_splits, load
 
 def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     """(task, train problems, held-out problems). Each source keeps eval_problems held-out problems;
-    in a mixed run (several --data sources) the task is a mixed.MixedTask and every problem carries
+    in a mixed run (several --data sources) the task is an extras.mixed.MixedTask and every problem carries
     its source's name (Problem.domain)."""
     srcs, mixed = sources(cfg), "," in cfg.data
     code_file = {src: code_problems(src) for src in srcs}  # each reads the file's first row

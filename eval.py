@@ -176,10 +176,14 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
 def parse_args(argv=None):
     """(eval options, Config). Flags this parser does not know go to train.py's Config parser."""
     from config import Parser, _parser_for, parse_config
-    from grading import responses as responses_file
 
+    description = __doc__
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):  # the shapes of a --responses file too
+        from grading import responses as responses_file
+
+        description += "\n" + responses_file.__doc__
     parser = Parser(
-        description=__doc__ + "\n" + responses_file.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every train.py Config field is accepted as well (python train.py --help); "
                "the flags above set the eval_* fields and replace the training flags of the same name.")
     parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file; "
@@ -289,7 +293,6 @@ def sample_and_grade(args, cfg, first: bool) -> None:
 
     from checkpoint import CheckpointError
     from config import eval_settings, rollout_shapes
-    from extras.markovian import chunking
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
@@ -311,18 +314,18 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     with autocast_context(cfg, device)():
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
-        chunks = chunking(cfg, evaluation=True)
+        chunks = cfg.eval_max_chunks or cfg.max_chunks
         described = {"model": cfg.model, "data": cfg.eval_data or cfg.data, "problems": len(records),
                      "n": cfg.eval_samples, "k": cfg.eval_k, "temperature": cfg.eval_temperature,
                      "top_p": cfg.eval_top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
-                     "max_chunks": chunks.max_chunks, "carryover": chunks.carryover, "chunk_head": chunks.head,
+                     "max_chunks": chunks, "carryover": cfg.chunk_carryover, "chunk_head": cfg.chunk_head_tokens,
                      "greedy": cfg.eval_greedy, "batch_size": cfg.eval_batch_size, "seed": settings["seed"]}
         step, name = args.step, Path(cfg.model).name
         if step is None:
             step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
         write_results(out, step, described, metrics, records,
                       f"{cfg.model} on {described['data']}: {len(records)} problems × n = {cfg.eval_samples}, "
-                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks.max_chunks}")
+                      f"temperature {cfg.eval_temperature}, top-p {cfg.eval_top_p}, max_chunks {chunks}")
     teardown()
 
 

@@ -99,15 +99,22 @@ def stop_ids(tokenizer) -> list[int]:
 
 # ----------------------------------------------------------------------------- the rollout and its shapes
 
-class Plain:
+class Shape:
+    """What `generate` asks to write a batch of traces: the rollout's shape, built once from the config
+    (config.rollout_shapes). `Plain` below, Markovian chunks (extras/markovian.py) or turns with an
+    environment (environments/rollout.py); a shape of your own subclasses this one."""
+    tools = None  # JSON schemas the chat template lists in the prompt (None: none)
+    warnings = ()  # notes to say once before a run (a sandbox weaker than bubblewrap)
+
+    def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
+              sampling: Sampling) -> list[Episode]:
+        """The Episode of each query (repeated G times: its problem, its group id), in order."""
+        raise NotImplementedError
+
+
+class Plain(Shape):
     """The rollout's shape by default: each query's trace is one chunk of up to max_new_tokens tokens,
-    all in one `sample` call. A shape is what `generate` asks to write a batch of traces, built once
-    from the config (config.rollout_shapes): this one, Markovian chunks (extras/markovian.py) or turns
-    with an environment (environments/rollout.py). Each has `tools`, the JSON schemas the chat
-    template lists in the prompt (None: none), `warnings`, notes to say once before a run (a
-    sandbox weaker than bubblewrap), and `write`, queries -> their Episodes."""
-    tools = None
-    warnings = ()
+    all in one `sample` call."""
 
     def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
               sampling: Sampling) -> list[Episode]:

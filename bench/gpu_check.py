@@ -27,7 +27,7 @@ download), bf16 on the GPU. Without CUDA it stops at once, saying so, with statu
   built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget) with
   --engine fast, then hf: engine/compiles, step time, the rollout's share,
   and each phase's peak (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's
-  (plan.estimate).
+  (extras.plan.estimate).
 - lora: the same with README's one-GPU LoRA flags (--lora-rank 32 --rollout-batch-size 256; --engine
   auto): peaks against the plan's.
 

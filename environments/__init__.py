@@ -9,8 +9,8 @@ answers with a `Step`: an observation to append (a tool's output) and the model 
 turn, or `observation=None`: the trace is done, with the environment's reward or, when it gives
 none, the task's grade of the last turn. The observation is rendered as a "tool" message of the
 model's chat template when the template has one (Qwen2.5's, Llama 3's, the tiny model's), else
-appended as plain text; its tokens are context for the next turn and never trained (rollout.py:
-every turn is a training row whose prompt holds all that came before, docs/math.md §8).
+appended as plain text; its tokens are context for the next turn and never trained
+(environments/rollout.py: every turn is a training row whose prompt holds all that came before, docs/math.md §8).
 
     --env calculator          a turn holding <calc>EXPR</calc> gets EXPR's exact value back
     --env python              a turn holding a ```python block gets the program's stdout back
@@ -21,7 +21,7 @@ Why this interface: it is tinker-cookbook's `Env` (an initial observation, then 
 reward, done, next observation) without the first call, because the task already makes each
 problem's first prompt (its template, the chat template), so an environment only has to answer
 turns; and it takes and returns text, because tools read text, while the token bookkeeping (the
-chat template, the caps, the mask) stays in one place, here and in rollout.py. One environment
+chat template, the caps, the mask) stays in one place, here and in environments/rollout.py. One environment
 object per trace, so a tool may keep state across the turns of its trace.
 
 Bounds: a turn cap (--max-turns), an observation cap in tokens (--max-observation-tokens), and a

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import rollout
 from environments import Environments, Turns
 from rewards import Problem
-from rollout import Chunk, Episode, Sampling, ends, episodes, stop_ids
+from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, stop_ids
 
 
 @dataclass
-class MultiTurn:
+class MultiTurn(Shape):
     """Turns with an environment: `environments` makes each trace's Session, `turns` caps the trace."""
     environments: Environments
     turns: Turns

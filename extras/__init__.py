@@ -3,6 +3,7 @@
     lora.py       LoRA adapters through peft: --lora-rank r
     plan.py       the per-GPU memory plan, from the config alone: --plan
     mixed.py      several data sources in one run, with their weights: --data a,b --data-weights ...
+    markovian.py  Markovian thinking, the rollout's shape that writes a trace in chunks: --max-chunks I
 
 The default run imports none of these.
 """

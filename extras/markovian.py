@@ -20,18 +20,17 @@ import torch
 
 from engine import forward_columns, inference
 from rewards import Problem
-from rollout import (Chunk, Episode, Sampling, ends, episodes, forward_model, left_pad, plain, sample, stop_ids,
-                     written)
+import rollout
+from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, forward_model, left_pad, plain, stop_ids, written
 
 
 @dataclass
-class Markovian:
+class Markovian(Shape):
     """Markovian thinking: chunks of at most C = Sampling.max_new_tokens tokens, the context reset at
     every chunk boundary. max_chunks = 1 is a plain rollout (LongCoT)."""
     carryover: int = 0  # m: tokens carried into the next chunk's prompt (m < C)
     head: int = 0  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail
     max_chunks: int = 1  # I: chunks per trace at most
-    tools, warnings = None, ()  # no tool is listed in the prompt, nothing to say (rollout.Plain)
 
     def max_tokens(self, chunk_size: int) -> int:
         """Generated tokens a trace can reach: C + (I − 1)(C − m). C 8, m 4, I 3 -> 16."""
@@ -43,12 +42,10 @@ class Markovian:
 
 
 def chunking(cfg, evaluation: bool = False) -> Markovian:
-    """A config's Markovian knobs: C = max_new_tokens; m = carryover, or C/2 when 0; h = chunk_head, or
-    min(100, m) when −1 (the official 100); I = max_chunks, at eval eval_max_chunks when set (more than
-    max_chunks: test-time scaling). C 32, carryover 0, chunk_head −1, max_chunks 7 -> Markovian(16, 16, 7)."""
-    carryover = cfg.carryover or cfg.max_new_tokens // 2
-    head = min(100, carryover) if cfg.chunk_head < 0 else cfg.chunk_head
-    return Markovian(carryover=carryover, head=head,
+    """A config's Markovian shape: m and h as the config resolves them (Config.chunk_carryover,
+    chunk_head_tokens), I = max_chunks, at eval eval_max_chunks when set (more than max_chunks:
+    test-time scaling). C 32, carryover 0, chunk_head −1, max_chunks 7 -> Markovian(16, 16, 7)."""
+    return Markovian(carryover=cfg.chunk_carryover, head=cfg.chunk_head_tokens,
                      max_chunks=(cfg.eval_max_chunks or cfg.max_chunks) if evaluation else cfg.max_chunks)
 
 
@@ -63,7 +60,8 @@ def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunk
     """
     stops, h, tail = stop_ids(tokenizer), chunking.head, chunking.carryover - chunking.head
     traces = plain(lm, tokenizer, queries, sampling)
-    going = [i for i, chunks in enumerate(traces) if not ends(chunks[-1].response_ids, stops)]
+    going = [i for i, chunks in enumerate(traces)  # I = 1: the plain rollout, nothing more
+             if chunking.max_chunks > 1 and not ends(chunks[-1].response_ids, stops)]
     width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
     if going and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
         with inference(lm):
@@ -78,7 +76,7 @@ def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunk
         tokens = {i: written(traces[i]) for i in going}
         prompts = [queries[i] + tokens[i][:h] + tokens[i][len(tokens[i]) - tail:] for i in going]
         cache = cache_rows(prefix, [row[i] for i in going]) if tail else None
-        new_tokens = sample(lm, tokenizer, prompts, more, width=width + tail, cache=cache)
+        new_tokens = rollout.sample(lm, tokenizer, prompts, more, width=width + tail, cache=cache)
         for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
             traces[i].append(Chunk(prompt, new, logp))
         going = [i for i in going if not ends(traces[i][-1].response_ids, stops)]

@@ -32,7 +32,6 @@ from transformers.integrations import sdpa_attention
 
 import algos
 from engine import graph_columns, graph_rows
-from extras.markovian import chunking
 from extras.lora import chosen
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
@@ -252,7 +251,7 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     With the engine (--engine fast) the KV cache is its slab, resident (engine_rows), and a step
     adds only its sampling temporaries."""
     p, c = prompt_tokens(cfg), cfg.max_new_tokens
-    m, h = (chunking(cfg).carryover, chunking(cfg).head) if chunks > 1 else (0, 0)
+    m, h = (cfg.chunk_carryover, cfg.chunk_head_tokens) if chunks > 1 else (0, 0)
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
@@ -318,7 +317,7 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     p, b = prompt_tokens(cfg), t.bytes
     moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)
     if chunks > 1:
-        m, h = chunking(cfg).carryover, chunking(cfg).head
+        m, h = cfg.chunk_carryover, cfg.chunk_head_tokens
         moments += ([(p + h, p + h, p + h), (3 * (p + h), 0, 0), (2 * (p + h) + m - h, m - h, p + m)] if m > h
                     else [(p + m, p + m, p + m)])  # (3 (p + h): the prefix, its deep copy, the rows kept)
     kv_token = kv_token_bytes(s, t)
@@ -359,7 +358,7 @@ def micro_batch(cfg, t: Target) -> tuple[int, int, int]:
     C-token response, so P + m + C, or a turn (prompt_tokens + C; max_turns rows a trace). max_tokens_per_micro_batch caps rows × length (one row
     at least). 1.5B GSM8K config (micro 8, P 512, R 1024) -> (8, 1536, 1024)."""
     p, c = prompt_tokens(cfg), cfg.max_new_tokens
-    m = chunking(cfg).carryover if cfg.max_chunks > 1 else 0
+    m = cfg.chunk_carryover if cfg.max_chunks > 1 else 0
     length = p + m + c
     rows_per_trace = cfg.max_turns if cfg.env else cfg.max_chunks
     share = math.ceil(cfg.prompts_per_step * cfg.group_size * rows_per_trace / (cfg.mini_batches * t.world))

@@ -1,5 +1,6 @@
 """Grading beyond the built-in tasks, imported only when a run asks for it.
 
+    files.py          data files of problems (JSONL, JSON, parquet): their rows, golds and FileTask
     math_answers.py   the answer rules of math data files (boxes, final-answer statements, golds of
                       several parts) and the math-verify worker: --data file.jsonl
     pool.py           graders in bounded worker processes: math-verify, and your --reward file.py:function

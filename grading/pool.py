@@ -49,7 +49,9 @@ def module_command(module: str, *args: str) -> list[str]:
     fresh interpreter whose sys.path starts at the repository, as `python train.py` does, wherever
     the trainer was started from (`-c` would put the working directory there instead):
     module_command("grading.math_answers", "--math-worker")."""
-    boot = f"import runpy, sys; sys.path[0] = {ROOT!r}; runpy.run_module({module!r}, run_name='__main__')"
+    # alter_sys: the module is __main__ (sys.modules, sys.argv[0]) while it runs, as a script is
+    boot = (f"import runpy, sys; sys.path[0] = {ROOT!r}; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     return [sys.executable, "-c", boot, *args]
 
 

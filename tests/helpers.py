@@ -3,8 +3,8 @@
 
 Fixtures live in conftest.py (the random Llama folder, the random Qwen2 folder, one thread, the
 session's torchrun launch); this module holds plain functions, imported by name:
-`from helpers import random_lm`. Heavy imports (transformers) happen inside the functions, so that
-a test file that needs only a string helper does not pay for them.
+`from helpers import random_lm`. transformers is imported inside the functions that build models,
+so that a test file that needs only a string helper does not pay for it.
 """
 import json
 import os

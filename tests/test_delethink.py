@@ -148,6 +148,17 @@ def test_plain_rollout_is_one_chunk():
     assert e.chunks == [Chunk(Q, g(1, 2, 3, 4) + [EOS])] and not e.truncated
 
 
+def test_one_chunk_is_the_plain_rollout_even_without_eos():
+    """I = 1 writes what rollout.PLAIN writes and prefills no prefix for a second chunk it will never
+    write, even when the chunk ends without EOS."""
+    lm, plain_lm = ScriptedLM(length=20), ScriptedLM(length=20)
+    (e,) = rollout(lm, c=8, m=4, h=0, cap=1)
+    (p,) = generate(plain_lm, TOKENIZER, [Problem("p", "0")], [Q], group_size=1,
+                    sampling=Sampling(max_new_tokens=8, engine="hf"))
+    assert e.chunks == p.chunks == [Chunk(Q, g(1, 2, 3, 4, 5, 6, 7, 8))] and e.truncated
+    assert lm.prefills == plain_lm.prefills == []
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_random_budgets_on_the_tiny_model(seed):
     """Any C, m, h, I: no context exceeds |q| + C; each chunk's prompt is q ⧺ head ⧺ tail of the

@@ -30,6 +30,18 @@ def test_the_default_run_imports_no_optional_module(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_plain_eval_imports_no_optional_module(tmp_path):
+    """eval.py on the built-in held-out split, sampled and graded, loads nothing from the folders either."""
+    script = ("import json, sys, eval; eval.main(sys.argv[1:]); "
+              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
+    done = subprocess.run([sys.executable, "-c", script, "--problems", "4", "-n", "2", "--k", "1", "--out",
+                           str(tmp_path / "eval")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert (tmp_path / "eval" / "summary.json").is_file()
+
+
 def test_a_flag_imports_its_folder(tmp_path):
     """The check above can fail: --env calculator does import environments/ (and only what it needs)."""
     script = ("import json, sys, config; cfg = config.parse_config(sys.argv[1:]); from model import load_tokenizer; "
@@ -93,3 +105,33 @@ def test_the_imports_between_modules_have_no_cycle():
         if name not in state:
             visit(name, [])
     assert graph["train"] >= {"rollout", "config", "algos"}  # the graph was read (the test can fail)
+
+
+# ----------------------------------------------------------------------------- one rollout seam
+
+@pytest.mark.parametrize("chunks,eval_chunks,expected", [
+    (1, 0, (1, 1)),  # plain in training and at eval
+    (4, 0, (4, 4)),  # Markovian, eval as trained
+    (1, 8, (1, 8)),  # plain training, Markovian eval (test-time scaling)
+    (4, 8, (4, 8)),
+])
+def test_the_config_builds_the_training_and_eval_shapes(chunks, eval_chunks, expected):
+    """config.rollout_shapes: I = 1 is rollout.PLAIN itself; I > 1 a Markovian with the config's m, h
+    (carryover 0 -> C/2, chunk_head −1 -> min(100, m)) and its own I."""
+    from config import Config, rollout_shapes
+    from extras.markovian import Markovian
+    from rollout import PLAIN
+
+    cfg = Config(max_new_tokens=32, max_chunks=chunks, eval_max_chunks=eval_chunks)
+    for shape, cap in zip(rollout_shapes(cfg, tokenizer=None), expected):
+        assert shape == (PLAIN if cap == 1 else Markovian(carryover=16, head=16, max_chunks=cap))
+
+
+def test_a_run_says_only_what_it_sets_apart_from_the_defaults():
+    from config import Config, config_note
+
+    assert config_note(Config(), Path("run/config.yaml")) == (
+        "config: every field in run/config.yaml; this run keeps every default")
+    assert config_note(Config(lr=1e-4, eval_k=[1, 2], max_chunks=3), Path("run/config.yaml")).splitlines() == [
+        "config: every field in run/config.yaml; this run sets apart from the defaults:",
+        "  lr: 0.0001", "  max_chunks: 3", "  eval_k:", "  - 1", "  - 2"]

@@ -2,8 +2,9 @@
 anything loads, the seeded per-prompt draw of a source (mixed.MixedStream) and its exact resume,
 and per-domain metrics in training and eval, in one process on a random model; a mix on 2 ranks,
 resumed, in the session's shared launch (tests/pair.py). The issue's mix, running sums and
-countdown 0.5/0.5, is measured in the README ("Mixed domains"): 150 steps on 2 ranks, and the same
-run killed and resumed (its countdown split would cost this suite 3 s a run to build)."""
+countdown 0.5/0.5, is measured in docs/measured.md ("Mixed domains, killed and resumed"): 150
+steps on 2 ranks, and the same run killed and resumed (its countdown split would cost this suite
+3 s a run to build)."""
 import json
 import shutil
 from collections import Counter

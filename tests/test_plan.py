@@ -53,7 +53,7 @@ def test_live_tensor_count_sees_parameters_gradients_and_frees():
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_paper_config_fits_8_gpus(name, capsys):
     """`train.py --config X --plan --world-size 8` on each paper recipe: it fits 8 × 80 GB (exit 0,
-    the README's table), planned from the shipped shape since the model folder is not here."""
+    docs/gpus-and-memory.md's table), planned from the shipped shape since the model folder is not here."""
     import train
     with pytest.raises(SystemExit) as done:
         train.main(["--config", str(ROOT / "configs" / f"{name}.yaml"), "--plan", "--world-size", "8"])
@@ -188,7 +188,7 @@ def test_lora_rows_by_hand_qwen2_5_1_5b_on_one_gpu():
     ("qwen2.5-7b_deepscaler_pacs", [], 80, False),
     ("qwen2.5-7b_deepscaler_pacs", ["--lora-rank", "32"], 80, True)])
 def test_one_gpu_verdicts_of_the_readme(config, flags, gpu, fits, capsys):
-    """The README's one-GPU rows: `--plan --world-size 1 --gpu-memory G` exits 0 when it fits."""
+    """docs/gpus-and-memory.md's one-GPU rows: `--plan --world-size 1 --gpu-memory G` exits 0 when it fits."""
     cfg = parse_config(["--config", str(ROOT / "configs" / f"{config}.yaml"), *flags, "--world-size", "1",
                         "--gpu-memory", str(gpu)])
     assert print_plan(cfg) == (0 if fits else 1)
