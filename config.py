@@ -6,10 +6,10 @@ that the two scripts never disagree and never import each other.
 
 Precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
 The fields of RunConfig below are the run's; Config adds every knob an algorithm declares
-(algos.KNOBS: its name, default, help line and bounds live next to the loss that reads it). Config
-is built on first use, and the modules that need torch are imported where they are used, so that
-grading given responses (eval.py --responses: a RunConfig, parse_config(argv, knobs=False)) starts
-without the algorithms, torch or transformers.
+(algos.KNOBS: its name, default, help line and bounds live next to the loss that reads it), when a
+Config is first made (with_knobs); the modules that need torch are imported where they are used, so
+that grading given responses (eval.py --responses: a RunConfig, parse_config(argv, knobs=False))
+starts without the algorithms, torch or transformers.
 """
 from __future__ import annotations
 
@@ -147,25 +147,32 @@ class RunConfig:
         return min(100, self.chunk_carryover) if self.chunk_head < 0 else self.chunk_head
 
 
+class Config(RunConfig):
+    """A training run's config: every field of RunConfig above, and one field for each knob an
+    algorithm declares (clip_low, beta, adv_norm, ...: in algos/, next to the loss that reads it, with
+    its default, help line and bounds; `python train.py --help` lists them). with_knobs adds those
+    fields to this class the first time a Config is made or parsed, not when this file is imported:
+    the algorithms import torch, and grading given responses (eval.py --responses, a RunConfig)
+    starts without it. Until then dataclasses.fields(Config) lists RunConfig's alone: with_knobs()
+    returns the whole class."""
+
+    def __new__(cls, *args, **kwargs):
+        with_knobs()  # before __init__ runs: it is the one with every knob's field
+        return super().__new__(cls)
+
+
 @functools.cache
-def config_class() -> type:
-    """Config: RunConfig's fields, then every knob of the registry (algos.KNOBS), defaults included."""
+def with_knobs() -> type:
+    """Config, once given a field for every knob of the registry (algos.KNOBS), defaults included."""
     import algos
 
     clash = sorted(set(algos.KNOBS) & {f.name for f in fields(RunConfig)})
     if clash:
         raise ValueError(f"algos: knob(s) {', '.join(clash)} are already fields of RunConfig in config.py")
-    cls = dataclasses.make_dataclass("Config", [(k.name, type(k.default), field(default=k.default))
-                                                for k in algos.KNOBS.values()], bases=(RunConfig,))
-    cls.__module__ = __name__  # so that pickle (spawned workers get a Config) finds it as config.Config
-    return cls
-
-
-def __getattr__(name: str):
-    """config.Config, built on first use (config_class)."""
-    if name == "Config":
-        return config_class()
-    raise AttributeError(f"module 'config' has no attribute {name!r}")
+    Config.__annotations__ = {k.name: type(k.default).__name__ for k in algos.KNOBS.values()}
+    for k in algos.KNOBS.values():
+        setattr(Config, k.name, k.default)
+    return dataclass(Config)  # its __init__, __repr__, __eq__ and fields() hold RunConfig's fields and the knobs
 
 
 class Parser(argparse.ArgumentParser):
@@ -179,7 +186,7 @@ class Parser(argparse.ArgumentParser):
 def parse_config(argv=None, knobs: bool = True) -> RunConfig:
     """The Config of the flags in argv (sys.argv without it). knobs False: a RunConfig, without the
     algorithms' knobs or presets; a --config file's other fields are then left unread."""
-    config = config_class() if knobs else RunConfig
+    config = with_knobs() if knobs else RunConfig
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS)
     for f in fields(config):
         kind = _kind(f.name)
@@ -204,7 +211,7 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 
 def _kind(name: str) -> type:
-    owner = RunConfig if name in RunConfig.__dataclass_fields__ else config_class()
+    owner = RunConfig if name in RunConfig.__dataclass_fields__ else with_knobs()
     return type(default(owner.__dataclass_fields__[name]))
 
 
