@@ -528,12 +528,12 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
     if not cfg.env:
         from rollout import PLAIN
 
-        chunks = {False: cfg.max_chunks, True: cfg.eval_max_chunks or cfg.max_chunks}  # evaluation -> I
-        if max(chunks.values()) == 1:
+        if max(cfg.max_chunks, cfg.eval_max_chunks) == 1:
             return PLAIN, PLAIN
         from extras.markovian import chunking
 
-        return tuple(chunking(cfg, evaluation) if chunks[evaluation] > 1 else PLAIN for evaluation in (False, True))
+        train, held_out = chunking(cfg), chunking(cfg, evaluation=True)
+        return (train if train.max_chunks > 1 else PLAIN), (held_out if held_out.max_chunks > 1 else PLAIN)
     from environments import Turns, environment_for
     from environments.rollout import MultiTurn
 

@@ -73,8 +73,6 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
         return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
     if plugin_spec(data):
         return load_task(data)
-    from grading.files import FileTask  # a data file: its rows, their golds, graded by math-verify or --reward
-
     if code_problems(data):
         if reward:
             raise DataError(f"--reward {reward}: {data} is a file of code problems (its rows have tests), "
@@ -83,6 +81,8 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
 
         return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
     if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
+        from grading.files import FileTask  # its rows, their golds, graded by math-verify or --reward
+
         return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
                     f"file, nor path/to/file.py:Class")
