@@ -517,7 +517,11 @@ def response_tokens(cfg: RunConfig) -> int:
     C + (I − 1)(C − m); with --env, max_turns turns of max_new_tokens (observations are not generated)."""
     if cfg.env:
         return cfg.max_turns * cfg.max_new_tokens
-    return cfg.max_new_tokens + (cfg.max_chunks - 1) * (cfg.max_new_tokens - cfg.chunk_carryover)
+    if cfg.max_chunks == 1:
+        return cfg.max_new_tokens
+    from extras.markovian import chunking
+
+    return chunking(cfg).max_tokens(cfg.max_new_tokens)
 
 
 def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
