@@ -75,6 +75,7 @@ class RunConfig:
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
     engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine's training steps not yet measured there)
     engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
+    engine_release: bool = False  # give the engine's KV slab back to the allocator after each call, for the update (on CUDA its graphs are then recorded anew every call); else it is kept all run
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then the schedule

@@ -1,6 +1,6 @@
-"""The rollout engine (`--engine fast`): HF's own decoder layers, driven by a decode step that is
-one fixed-shape function of device tensors, so that on a GPU a whole step (every layer and the
-sampler) replays as one captured CUDA graph instead of hundreds of kernel launches from Python.
+"""The rollout engine (`--engine fast`): a decode step that is one fixed-shape function of device
+tensors, so that on a GPU a whole step (every layer and the sampler) replays as one captured CUDA
+graph instead of hundreds of kernel launches from Python.
 
 How an inference engine works, top to bottom:
 
@@ -8,44 +8,54 @@ How an inference engine works, top to bottom:
   head_dim] in the compute dtype. Row r holds its prompt left-padded to the batch's width w, then
   its generated tokens: token t of every row sits in column w + t. Row r's context is columns
   start[r] .. col, where start[r] is its first real column and col the column being written.
-  The slab's tensors are kept for the model's life (`Engine.of(lm)`), grown and never shrunk;
-  between calls their memory goes back to the allocator (`Engine.release`), for the update.
+  The slab is allocated once, at the first call, at least as large as the run's largest call
+  (`Engine.reserve`: rollout.reserve, from the config), and kept for the model's life
+  (`Engine.of(lm)`): later calls find it at the same address. A call larger than any before grows
+  it (a move, counted in Engine.moves); nothing shrinks or frees it between calls, so the update
+  runs beside it (extras/plan.py counts it resident).
 - **Prefill** (`Engine.prefill`): the model's usual forward over the distinct prompts (a group's
   G samples share one), `prefill_chunk` columns a forward, into a DynamicCache whose columns are
   then copied into the slab, each prompt to its G rows. The first token is drawn from its logits.
-- **The step** (`Engine.step`): embed each row's last token → every decoder layer, whose
-  attention is `slab_attention` (registered with HF's AttentionInterface and switched on while
-  the engine decodes): it writes the new key and value into column col, in place, by explicit
-  (row, head, column) indices into the whole slab buffer, and attends to the slab's first `view`
-  columns under a mask made from start, col and the layer's sliding window → the last position's
-  logits → temperature, top-k, top-p → a draw on the device (an exponential race: argmax p_i / E_i
-  with E_i ~ Exp(1) picks token i with probability p_i) → the token's log_softmax(z/τ) (what the
-  trainer recomputes) and whether it is a stop id → all written into preallocated buffers; col
-  and t advance on the device. No host read, no Python branch on data, no allocation whose shape
-  depends on data: the same step replays every time.
-- **Buckets.** A graph has fixed shapes, so compiled steps run on (rows, view): rows a power of
-  two ≥ the live rows (at least 2), view a multiple of VIEW_STEP ≥ col + 1 (the columns attention
-  reads; the slab has one spare column, so a view never spans it whole). Eager steps use the
-  exact sizes.
+- **The step** (`Engine.step`): embed each row's last token → every decoder layer → the last
+  position's logits → temperature, top-k, top-p → a draw on the device (an exponential race:
+  argmax p_i / E_i with E_i ~ Exp(1) picks token i with probability p_i) → the token's
+  log_softmax(z/τ) (what the trainer recomputes) and whether it is a stop id → all written into
+  preallocated buffers; col and t advance on the device. No host read, no Python branch on data,
+  no allocation whose shape depends on data: the same step replays every time.
+- **Layers.** Llama, Qwen2 and Qwen3 layers (FUSED) the engine runs itself (`fused_logits`): a
+  layer is RMSNorm, one q|k|v GEMM, rotary, attention, o_proj, RMSNorm, one gate|up GEMM, the
+  gated activation, down_proj, in HF's op order; in the engine's own copy of the weights q|k|v and
+  gate|up are each one weight (`Stacked`), so a layer is four GEMMs and a few fused kernels. Other
+  models run HF's layers, their attention `slab_attention` (registered with HF's
+  AttentionInterface, switched on while the engine decodes).
+- **Attention** (`attend`): writes the new key and value into column col, in place, by explicit
+  (row, head, column) indices into the whole slab buffer, then attends to start[r] .. col (and the
+  layer's sliding window). Compiled, flex_attention over the whole slab under a block mask built
+  on the device (`live_blocks`): each row reads its own live BLOCK-column blocks, a kv head once
+  for the heads that share it, and no shape depends on the context. Eager, two matmuls over the
+  columns so far.
+- **Buckets.** A graph has fixed shapes, so compiled steps run on a rows bucket: a power of two ≥
+  the live rows (at least 2). Eager steps use the exact sizes.
 - **Around the step** (`Engine.decode`, plain Python): every `check` steps (8 on CUDA, 1 on CPU)
   the host reads the stop flags, the only device-to-host read. When every row has stopped, the
   call ends; when the live rows fit a smaller bucket, they move to the top of the slab and the
   finished ones leave, so the cost follows the live rows. A row that stopped between two checks
   runs on and is cut at its stop id afterwards.
 - **Capture.** On CUDA the step is compiled by inductor with CUDA graphs (`--engine-compile`,
-  `Engine.__init__`): `fullgraph=True` (a graph break would raise), rows and view symbolic (one
-  graph serves every bucket; CUDA graphs are recorded per bucket), floats constant, the sampling
-  values (temperature, top-p) in device buffers: one graph per `Mode` (greedy, top-k, top-p on),
-  three in a run that evaluates greedily at another temperature. The slab and the step's buffers
-  are static inputs (`mark_static_address`), read and written in place. On CPU the step runs
-  eagerly unless asked; `--engine-compile eager` traces it with exactly CUDA's dynamo options.
+  `Engine.__init__`): `fullgraph=True` (a graph break would raise), rows symbolic (one graph serves
+  every bucket; inductor's CUDA graph trees record one CUDA graph per bucket, in one memory pool),
+  floats constant, the sampling values (temperature, top-p) in device buffers: one graph per
+  `Mode` (greedy, top-k, top-p on), three in a run that evaluates greedily at another
+  temperature. The slab, the step's buffers and the stacked weights are static inputs
+  (`mark_static_address`), read and written in place. On CPU the step runs eagerly unless asked;
+  `--engine-compile eager` traces it with exactly CUDA's dynamo options.
 - **The weights it runs** (`Engine.runner`): the model itself when it is a plain model holding its
   weights in the dtype it computes in; else a hook-free inference copy in the compute dtype,
   refreshed in place before each rollout (under FSDP, from the gathered layers, which are then
   resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
   place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
-  When the slab comes back from the allocator elsewhere, or a plain model's weight went to new
-  storage, torch records the CUDA graphs anew (the compiled code stays); Engine.moves counts it.
+  When the slab grows, or a plain model's weight went to new storage, torch records the CUDA
+  graphs anew (the compiled code stays); Engine.moves counts it.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -55,19 +65,24 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import sys
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 
 ATTENTION = "rlvr_slab"  # our AttentionInterface name
-VIEW_STEP = 256  # compiled steps: attention reads a multiple of this many columns
+BLOCK = 128  # compiled steps: the slab's columns come in blocks of this many (flex_attention's KV block)
 LAYER_TYPES = {"full_attention", "sliding_attention"}
+FUSED = {"LlamaAttention", "Qwen2Attention", "Qwen3Attention"}  # layers the engine runs itself, projections stacked
 
 
 def graph_rows(live: int) -> int:
@@ -77,8 +92,8 @@ def graph_rows(live: int) -> int:
 
 
 def graph_columns(columns: int) -> int:
-    """Columns a compiled step's attention reads: the next multiple of VIEW_STEP. 300 -> 512."""
-    return -(-columns // VIEW_STEP) * VIEW_STEP
+    """Columns of a compiled engine's slab: the next multiple of BLOCK. 300 -> 384."""
+    return -(-columns // BLOCK) * BLOCK
 
 
 @contextmanager
@@ -162,45 +177,162 @@ def draw(logits: torch.Tensor, mode: Mode, temperature=1.0, top_p=1.0) -> tuple[
     return token, z.log_softmax(-1).gather(-1, token[:, None])[:, 0]
 
 
-def slab_attention(module, query, key, value, attention_mask, *, scaling, slab=None, slab_rows=0,
-                   slab_view=0, sliding_window=None, softcap=None, dropout=0.0, **kwargs):
-    """HF attention over the engine's slab for one new column of every row.
+def live_blocks(start: torch.Tensor, col: torch.Tensor, rows: int, capacity: int, window=None) -> BlockMask:
+    """flex_attention's block mask for one new column of every row: row r sees the columns c with
+    start[r] ≤ c ≤ col (and col − c < window), and only the BLOCK-column blocks that hold one are
+    read: row r's blocks first // BLOCK .. col // BLOCK, their count and indices built on the device
+    (fixed shapes, so a CUDA graph replays them). start [3, 200], col 300, rows 2 -> blocks [0, 1, 2]
+    and [1, 2]."""
+    first = start[:rows] if window is None else torch.clamp(start[:rows], min=col - window + 1)
+    blocks, lowest = capacity // BLOCK, first // BLOCK
+    counts = (col // BLOCK - lowest + 1).to(torch.int32)
+    indices = (lowest[:, None] + torch.arange(blocks, device=start.device)).clamp(max=blocks - 1).to(torch.int32)
+
+    def visible(b, h, q, kv):
+        seen = (kv >= start[b]) & (kv <= col[0])
+        return seen & (kv > col[0] - window) if window is not None else seen
+    return BlockMask.from_kv_blocks(counts.view(rows, 1, 1), indices.view(rows, 1, 1, blocks), BLOCK_SIZE=BLOCK,
+                                    mask_mod=visible, seq_lengths=(1, capacity), compute_q_blocks=False)
+
+
+def attend(slab, layer: int, query, key, value, *, rows: int, view, masks, scaling: float, window=None, softcap=None):
+    """Attention over the engine's slab for one new column of every row.
 
     query [rows, heads, 1, head_dim], key/value [rows, kv_heads, 1, head_dim] (rotary applied) ->
     output [rows, 1, heads, head_dim]. The key and value are written into column slab.col; the
-    query attends to the columns c < slab_view with start[r] ≤ c ≤ col (and col − c < window on
-    sliding-window layers): the mask comes from the slab's per-row start, not from the caller.
-    Heads share kv heads as HF's repeat_kv pairs them (head h reads kv head h // (heads / kv_heads)),
-    without repeating the keys. Scores and softmax in float32 (HF eager's softmax dtype); Gemma's
-    soft-capping before the mask.
+    query attends to the columns c with start[r] ≤ c ≤ col (and col − c < window on sliding-window
+    layers): the mask comes from the slab's per-row start, not from the caller. Heads share kv heads
+    as HF's repeat_kv pairs them (head h reads kv head h // (heads / kv_heads)), each kv head read
+    once for its group. Gemma's soft-capping before the mask.
+
+    Compiled (view None): flex_attention over the whole slab with `masks[window]` (live_blocks), so
+    a step reads each row's live blocks only, whatever the longest row, and its shapes do not
+    depend on the context: one graph a rows bucket. Eager (view: the columns so far): the
+    columns < view, scores and softmax in float32 (HF eager's softmax dtype), as two matmuls.
 
     The write names every (row, kv head, column) it sets in the whole slab buffer. Writing through
     a slice, slab[:rows].index_copy_(...), is an in-place op on a view of a graph input, which the
     compiler turns into a copy of the whole slice (all `capacity` columns of those rows) every step
     whenever rows < slab rows; indices into the buffer itself stay one in-place write."""
-    unknown = {k for k in kwargs if k not in ("position_ids", "use_cache", "cache_position")}
-    if unknown:
-        raise NotImplementedError(f"the engine's attention does not implement {sorted(unknown)}")
-    rows, heads, length, dim = query.shape
+    heads, dim = query.shape[1], query.shape[3]
     where = (torch.arange(rows, device=key.device)[:, None], torch.arange(key.shape[1], device=key.device), slab.col)
-    slab.keys[module.layer_idx].index_put_(where, key[:, :, 0])
-    slab.values[module.layer_idx].index_put_(where, value[:, :, 0])
-    keys = slab.keys[module.layer_idx][:rows, :, :slab_view]
-    values = slab.values[module.layer_idx][:rows, :, :slab_view]
-    grouped = query.reshape(rows, keys.shape[1], heads // keys.shape[1] * length, dim)
+    slab.keys[layer].index_put_(where, key[:, :, 0])
+    slab.values[layer].index_put_(where, value[:, :, 0])
+    if view is None:
+        def capped(score, b, h, q, kv):
+            return torch.tanh(score / softcap) * softcap
+        out = flex_attention(query, slab.keys[layer][:rows], slab.values[layer][:rows],
+                             score_mod=capped if softcap is not None else None, block_mask=masks[window],
+                             scale=scaling, enable_gqa=heads != key.shape[1])
+        return out.transpose(1, 2)
+    keys, values = slab.keys[layer][:rows, :, :view], slab.values[layer][:rows, :, :view]
+    grouped = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
     scores = (grouped @ keys.transpose(-1, -2)).float() * scaling  # [rows, kv_heads, group, view]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    column = torch.arange(slab_view, device=query.device)
+    column = torch.arange(view, device=query.device)
     visible = (column >= slab.start[:rows, None]) & (column <= slab.col)
-    if sliding_window is not None:
-        visible &= column > slab.col - sliding_window
+    if window is not None:
+        visible &= column > slab.col - window
     scores = scores.masked_fill(~visible[:, None, None, :], -math.inf)
     out = scores.softmax(-1).to(values.dtype) @ values
-    return out.reshape(rows, heads, length, dim).transpose(1, 2), None
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
+
+
+def slab_attention(module, query, key, value, attention_mask, *, scaling, slab=None, slab_rows=0,
+                   slab_view=None, slab_masks=None, sliding_window=None, softcap=None, dropout=0.0, **kwargs):
+    """`attend` as HF's AttentionInterface calls an attention function, for the layers the engine
+    does not run itself (not in FUSED): -> (output, no weights)."""
+    unknown = {k for k in kwargs if k not in ("position_ids", "use_cache", "cache_position")}
+    if unknown:
+        raise NotImplementedError(f"the engine's attention does not implement {sorted(unknown)}")
+    if slab_view is None and sliding_window not in slab_masks:  # a window its attention module does not name
+        slab_masks = {sliding_window: live_blocks(slab.start, slab.col, slab_rows, slab.keys[0].shape[2],
+                                                  sliding_window)}
+    return attend(slab, module.layer_idx, query, key, value, rows=slab_rows, view=slab_view, masks=slab_masks,
+                  scaling=scaling, window=sliding_window, softcap=softcap), None
 
 
 AttentionInterface.register(ATTENTION, slab_attention)
+
+
+# ----------------------------------------------------------------------------- layers it runs itself
+
+class Stacked:
+    """Several projections of one input as one GEMM: their weights (and biases) are consecutive rows
+    of one matrix, and each projection's own parameter becomes a view of its rows, so that whatever
+    writes the parameters (the inference copy's refresh) writes the stack. q|k|v, gate|up."""
+
+    def __init__(self, *modules: torch.nn.Linear):
+        self.sizes = [m.out_features for m in modules]
+        self.weight = torch.cat([m.weight.detach() for m in modules])
+        biased = [m.bias is not None for m in modules]
+        if any(biased) and not all(biased):
+            raise ValueError("a stacked projection needs a bias on all of its parts or on none")
+        self.bias = torch.cat([m.bias.detach() for m in modules]) if all(biased) else None
+        for m, w, b in zip(modules, self.weight.split(self.sizes), self.bias.split(self.sizes) if all(biased)
+                           else [None] * len(modules)):
+            m.weight.data = w
+            if b is not None:
+                m.bias.data = b
+
+    def __call__(self, x):
+        return F.linear(x, self.weight, self.bias).split(self.sizes, -1)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight] + ([self.bias] if self.bias is not None else [])
+
+
+class Apart:
+    """Projections of one input run one by one, as HF runs them: a model the engine does not own
+    (the model itself, when it holds its weights in the dtype it computes in) keeps its storage."""
+
+    def __init__(self, *modules: torch.nn.Linear):
+        self.modules = modules
+
+    def __call__(self, x):
+        return [m(x) for m in self.modules]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return []
+
+
+def fused_layers(lm, stack: bool) -> list | None:
+    """(q|k|v, gate|up) of each decoder layer, Stacked (`stack`: lm is the engine's own copy) or
+    Apart, when every layer is one the engine runs itself (FUSED: Llama, Qwen2, Qwen3 attention with
+    a gated MLP); None: HF's layers run, with `slab_attention`."""
+    layers = getattr(getattr(lm, "model", None), "layers", None)
+    if layers is None or not all(type(layer.self_attn).__name__ in FUSED and hasattr(layer.mlp, "gate_proj")
+                                 for layer in layers):
+        return None
+    kind = Stacked if stack else Apart
+    return [(kind(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+             kind(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in layers]
+
+
+def fused_logits(lm, projections: list, token, position, *, slab, rows: int, view, masks) -> torch.Tensor:
+    """lm's last-position logits for one new token of every row, its decoder layers run here with
+    each layer's projections from `projections` (fused_layers), HF's modules for the rest (norms,
+    rotary, o_proj, down_proj, LM head) and `attend` for attention: a layer is RMSNorm, one q|k|v
+    GEMM, (Qwen3: q and k RMSNorm per head), rotary, attention, o_proj, residual, RMSNorm, one
+    gate|up GEMM, act(gate) · up, down_proj, residual: HF's op order, so an Apart step computes what
+    HF's layers compute."""
+    base = lm.model
+    h = base.embed_tokens(token[:, None])
+    cos, sin = base.rotary_emb(h, position[:, None])
+    for layer, (qkv, gate_up) in zip(base.layers, projections):
+        attn = layer.self_attn
+        q, k, v = (x.view(rows, 1, -1, attn.head_dim) for x in qkv(layer.input_layernorm(h)))
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q, k = rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        out = attend(slab, attn.layer_idx, q, k, v.transpose(1, 2), rows=rows, view=view, masks=masks,
+                     scaling=attn.scaling, window=getattr(attn, "sliding_window", None))
+        h = h + attn.o_proj(out.reshape(rows, 1, -1))
+        gate, up = gate_up(layer.post_attention_layernorm(h))
+        h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return lm.lm_head(base.norm(h))[:, -1]
 
 
 class Engine:
@@ -210,6 +342,7 @@ class Engine:
 
     _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     compiles = 0  # graphs compiled for engine steps in this process, every engine together
+    compile_seconds = 0.0  # host seconds of the step calls that compiled one
 
     @classmethod
     def of(cls, lm, compile: str = "auto") -> "Engine":
@@ -221,8 +354,8 @@ class Engine:
         """compile: auto = inductor on CUDA (its CUDA graphs), off elsewhere | off: the eager step at
         the exact sizes | eager: traced whole (fullgraph=True) and run as traced: proof on a CPU
         that the CUDA path traces, with its exact dynamo options | inductor: compiled, with CUDA
-        graphs on CUDA | untraced: the compiled path's buckets, step untraced (the tests' reference
-        for a trace)."""
+        graphs on CUDA | untraced: the compiled path's buckets and attention, step untraced (the
+        tests' reference for a trace)."""
         if compile not in COMPILE_MODES:
             raise ValueError(f"engine compile mode {compile!r}: choose one of {', '.join(COMPILE_MODES)}")
         self._model = weakref.ref(lm)  # Engine.of's cache must not keep the model alive
@@ -230,8 +363,8 @@ class Engine:
         kind = ("inductor" if self.device.type == "cuda" else "off") if compile == "auto" else compile
         self.compiled = kind != "off"
         # The same dynamo options for every backend, so that a CPU trace with the eager backend
-        # compiles exactly the graphs CUDA's does. dynamic=True: rows and view are symbolic from
-        # the first trace (left to dynamo, each would cost a static graph first, then more). Floats
+        # compiles exactly the graphs CUDA's does. dynamic=True: rows are symbolic from the first
+        # trace (left to dynamo, each bucket would cost a static graph first, then more). Floats
         # stay constants (the model's eps and scaling): a symbolic float is a CPU scalar input,
         # and a graph with one is never captured as a CUDA graph.
         self._compiled_step = self.step
@@ -242,8 +375,12 @@ class Engine:
             step = torch.compile(self.step, fullgraph=True, dynamic=True, backend=counted_backend(kind, self.device))
             self._compiled_step = torch._dynamo.config.patch(specialize_float=True)(step)
         self.keys, self.values = [], []  # per layer [rows, kv_heads, capacity, head_dim]
+        self.least, self.release = (0, 0), False  # the first slab's least rows and columns; given back after calls?
         self.moves = 0  # calls that found the slab, the copy or a weight at another address than the last
+        self.steps, self.issue_seconds = 0, 0.0  # decode steps, and host seconds spent issuing them
         self._pointers, self._twin = None, None
+        self._runs = None  # (the model the layers were read from, fused_layers, attention windows)
+        self._layers, self._windows = None, []  # the current call's, read by the step
 
     @staticmethod
     def unsupported(lm) -> str | None:
@@ -256,6 +393,16 @@ class Engine:
             return f"{config.model_type} has {sorted(kinds - LAYER_TYPES)} layers"
         return None
 
+    def reserve(self, rows: int, columns: int, release: bool = False) -> None:
+        """The run's largest generate call, known before the first (rollout.reserve): the slab is
+        allocated at least this large at the first call and kept, so that later calls find it where
+        it was (on CUDA, their recorded graphs replay as they are). release: give its memory back
+        to the allocator after each call instead, for an update that cannot fit beside it; the
+        next call takes memory anew, most often at another address (a move: on CUDA every graph is
+        recorded again, each call)."""
+        self.least = (max(rows, self.least[0]), max(columns, self.least[1]))
+        self.release = release
+
     # ------------------------------------------------------------------ the weights it runs
 
     def runner(self, lm) -> torch.nn.Module:
@@ -265,7 +412,8 @@ class Engine:
         new storage each time), with LoRA (the adapters are merged into the copy: one matmul per
         layer instead of three) and when autocast computes in another dtype than the weights are
         held in (DDP's fp32 master weights under bf16 autocast: the copy holds them in bf16 once,
-        instead of a cast of every weight at every step).
+        instead of a cast of every weight at every step). In the copy of a FUSED model, q|k|v and
+        gate|up are each one weight (Stacked).
 
         Under FSDP the engine runs inside parallel.full_weights, as train.py's rollouts and evals
         do: the decoder layers arrive gathered, are copied, and are resharded at once, so that the
@@ -285,28 +433,41 @@ class Engine:
             return self._twin
         if self._twin is None:
             self._twin = inference_copy(lm, dtype)
+            self._layers_of(self._twin)  # stacks its projections before the weights are copied in
         refresh(self._twin, lm)
         for m in layers:
             m.reshard()
         return self._twin
 
+    def _layers_of(self, runner) -> tuple:
+        """(fused_layers of the model the engine decodes with, its attention windows), read once per
+        model: a compiled step is guarded on these objects, and the stacks are the copy's weights."""
+        if self._runs is None or self._runs[0]() is not runner:
+            layers = fused_layers(runner, stack=runner is self._twin)
+            windows = {getattr(layer.self_attn, "sliding_window", None) for layer in runner.get_decoder().layers}
+            if self.compiled and layers:
+                for t in [t for pair in layers for part in pair for t in part.tensors()]:
+                    torch._dynamo.mark_static_address(t)
+            self._runs = (weakref.ref(runner), layers, sorted(windows, key=lambda w: w or 0))
+        return self._runs[1:]
+
     # ------------------------------------------------------------------ buffers
 
     def _reserve(self, rows: int, capacity: int, like: DynamicCache) -> None:
         """Slab and step buffers for at least `rows` rows (+ one scratch row that dead bucket
-        rows write to) and `capacity` columns; grown, never shrunk, so that the same sizes are
-        asked of the allocator call after call (and the same addresses most often come back)."""
-        if self.compiled:  # one spare column: a view never spans the whole buffer, which the
-            capacity = graph_columns(capacity) + 1  # compiler would trace as a graph of its own
+        rows write to) and `capacity` columns, and at least `least`; kept between calls and grown,
+        never shrunk, so that a call finds them where the last one left them (a growth moves them:
+        Engine.moves counts it). Zeroed when allocated only: attention multiplies the columns it
+        masks by a probability of 0, and 0 · NaN from uninitialised memory would be NaN; what an
+        earlier call wrote there is finite."""
+        rows, capacity = max(rows, self._bucket(self.least[0])), max(capacity, self.least[1])
+        if self.compiled:
+            capacity = graph_columns(capacity)
         have_rows, have_cols = (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
         if rows <= have_rows and capacity <= have_cols and self.keys[0].dtype == like.layers[0].keys.dtype:
-            for t in self.keys + self.values:
-                t.zero_()
             return
         rows, capacity = max(rows, have_rows), max(capacity, have_cols)
         let_go(self.keys + self.values)  # the old slab goes before the new one is allocated
-        # zeros, not empty: attention multiplies the unfilled columns it reads by a probability
-        # of 0, and 0 · NaN from uninitialised memory would be NaN
         self.keys = [layer.keys.new_zeros(rows, layer.keys.shape[1], capacity, layer.keys.shape[3])
                      for layer in like.layers]
         self.values = [layer.values.new_zeros(rows, layer.values.shape[1], capacity, layer.values.shape[3])
@@ -330,21 +491,14 @@ class Engine:
 
     def _fresh(self, lm) -> None:
         """Count a call that finds the slab or a weight at another address than the last one did
-        (the slab came back elsewhere from the allocator, a plain model's weight went to new
-        storage). A recorded CUDA graph reads the addresses it was recorded with: torch records
-        such a graph anew for the new addresses (static inputs, mark_static_address), and the
-        compiled code stays, since addresses are not among dynamo's guards."""
-        pointers = tuple(t.data_ptr() for t in [*lm.parameters(), *self.keys, *self.values])
+        (the slab grew, a plain model's weight went to new storage). A recorded CUDA graph reads the
+        addresses it was recorded with: torch records such a graph anew for the new addresses
+        (static inputs, mark_static_address), and the compiled code stays, since addresses are not
+        among dynamo's guards."""
+        pointers = tuple(t.data_ptr() for t in [*lm.parameters(), *self.buffers()])
         if pointers != self._pointers and self._pointers is not None:
             self.moves += 1
         self._pointers = pointers
-
-    def release(self) -> None:
-        """Give the slab's memory back to the allocator (its tensors stay, empty, with their
-        shapes): between calls it holds nothing that is needed (the next call zeroes it), and the
-        update that runs meanwhile reuses that memory. The next call takes it back (`hold`). The
-        inference copy stays: under FSDP a later call of the same gathered block reuses it."""
-        let_go(self.keys + self.values)
 
     # ------------------------------------------------------------------ the step
 
@@ -359,13 +513,21 @@ class Engine:
         self.token[:rows] = token
         self.t += 1
 
-    def step(self, lm, rows: int, view: int, mode: Mode) -> None:
+    def step(self, lm, rows: int, view: int | None, mode: Mode) -> None:
         """Feed every row's last token (into column col), then sample the next: the function a
-        CUDA graph captures. rows, view and mode are fixed per graph; everything else is a buffer."""
+        CUDA graph captures. rows and mode are fixed per graph, view is None when compiled (attention
+        reads live blocks) or the columns so far; everything else is a buffer."""
         position = self.col - self.start[:rows]
-        logits = lm(input_ids=self.token[:rows, None], position_ids=position[:, None], use_cache=False,
-                    logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view).logits[:, -1].float()
-        self._sample(logits, rows, mode)
+        capacity = self.keys[0].shape[2]
+        masks = None if view is not None else {w: live_blocks(self.start, self.col, rows, capacity, w)
+                                               for w in self._windows}
+        if self._layers:
+            logits = fused_logits(lm, self._layers, self.token[:rows], position, slab=self, rows=rows, view=view,
+                                  masks=masks)
+        else:
+            logits = lm(input_ids=self.token[:rows, None], position_ids=position[:, None], use_cache=False,
+                        logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view, slab_masks=masks).logits[:, -1]
+        self._sample(logits.float(), rows, mode)
         self.col += 1
 
     # ------------------------------------------------------------------ around the step
@@ -393,9 +555,12 @@ class Engine:
         log-probs under the sampler (a row runs on after its stop id; the caller cuts there)."""
         n, w = ids.shape
         lm = self._model()
-        hold(self.keys + self.values)  # first: the prefill's tensors must not take the slab's place
         with inference(lm):
             lm = self.runner(lm)
+            if hold(self.keys + self.values):  # before the prefill, whose tensors must not take the slab's place
+                for t in self.keys + self.values:
+                    t.zero_()
+            self._layers, self._windows = self._layers_of(lm)
             cache, copies, logits = self.prefill(lm, ids, mask, prefix=prefix, chunk=prefill_chunk)
             self._reserve(self._bucket(n), w + new_tokens, cache)
             for layer, k, v in zip(cache.layers, self.keys, self.values):
@@ -423,19 +588,28 @@ class Engine:
                         rows = self._leave(rows)
                         if not rows:
                             break
-                    self._compiled_step(lm, rows, self._view(w + t), mode)
+                    self._timed_step(lm, rows, None if self.compiled else w + t, mode)
             finally:
                 lm.set_attn_implementation(previous)
-                self.release()
+                if self.release:
+                    let_go(self.keys + self.values)
             return self.out_tokens[:n, :new_tokens].tolist(), self.out_logp[:n, :new_tokens].tolist()
+
+    def _timed_step(self, lm, rows: int, view, mode: Mode) -> None:
+        """One step, its host time counted apart when it compiled a graph (Engine.compile_seconds)
+        and else as issue time (on CUDA the step is queued, not waited for: what the host spends per
+        step is what a CUDA graph saves)."""
+        compiles, t0 = Engine.compiles, time.perf_counter()
+        self._compiled_step(lm, rows, view, mode)
+        seconds = time.perf_counter() - t0
+        if Engine.compiles != compiles:
+            Engine.compile_seconds += seconds
+        else:
+            self.steps, self.issue_seconds = self.steps + 1, self.issue_seconds + seconds
 
     def _bucket(self, live: int) -> int:
         """Rows a step runs for `live` live rows: a power of two when compiled (few graphs)."""
         return graph_rows(live) if self.compiled else live
-
-    def _view(self, columns: int) -> int:
-        """Columns attention reads: a multiple of VIEW_STEP when compiled."""
-        return min(graph_columns(columns), self.keys[0].shape[2]) if self.compiled else columns
 
     def _kill(self, live: int, rows: int) -> None:
         """Rows live..rows-1 of a bucket are dead: stopped, writing to the scratch row, reading
@@ -466,10 +640,31 @@ COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")
 
 
 def compile_count() -> int:
-    """Graphs compiled for engine steps so far in this process (train.py logs engine/compiles).
-    Engine.moves counts, per engine, the calls that found the slab or a weight at a new address (on
-    CUDA, their graphs are recorded anew; bench/gpu_check.py reports it)."""
+    """Graphs compiled for engine steps so far in this process."""
     return Engine.compiles
+
+
+def counters() -> dict:
+    """This process's engine counts so far (train.py logs their growth over a run as engine/...):
+    graphs compiled and the host seconds of the steps that compiled them; calls that found the slab
+    or a weight at a new address (on CUDA, their graphs recorded anew); decode steps and the host
+    seconds spent issuing them (on CUDA with graphs, the launch of one graph each)."""
+    engines = list(Engine._per_model.values())
+    return {"compiles": Engine.compiles, "compile_s": Engine.compile_seconds,
+            "moves": sum(e.moves for e in engines), "steps": sum(e.steps for e in engines),
+            "issue_s": sum(e.issue_seconds for e in engines)}
+
+
+def run_counters(since: dict) -> dict:
+    """A run's engine/... metrics since `since` (counters() at its start): graphs compiled, the host
+    seconds they took, slab or weight moves, and the host milliseconds a decode step took to issue
+    (the run's mean; absent before the first step)."""
+    now = counters()
+    grew = {k: now[k] - since[k] for k in now}
+    out = {"engine/compiles": grew["compiles"], "engine/compile_s": grew["compile_s"], "engine/moves": grew["moves"]}
+    if grew["steps"]:
+        out["engine/issue_ms"] = 1000 * grew["issue_s"] / grew["steps"]
+    return out
 
 
 def counted_backend(kind: str, device: torch.device):
@@ -554,14 +749,16 @@ def whole(t: torch.Tensor) -> torch.Tensor:
 
 
 def let_go(tensors) -> None:
-    """Free the storage of each tensor, keeping the tensor (its shape, dtype, device): FSDP2 does the
-    same with its gathered weights between forwards."""
+    """Free the storage of each tensor now, keeping the tensor (its shape, dtype, device), whoever
+    else holds it (a compiled step's static inputs): FSDP2 does the same with its gathered weights
+    between forwards."""
     for t in tensors:
         t.untyped_storage().resize_(0)
 
 
-def hold(tensors) -> None:
-    """Give each tensor freed by let_go its storage back (uninitialised: the caller fills it)."""
-    for t in tensors:
-        if t.untyped_storage().nbytes() == 0:
-            t.untyped_storage().resize_(t.numel() * t.element_size())
+def hold(tensors) -> bool:
+    """Give each tensor freed by let_go its storage back, uninitialised. -> whether any was freed."""
+    freed = [t for t in tensors if t.untyped_storage().nbytes() == 0]
+    for t in freed:
+        t.untyped_storage().resize_(t.numel() * t.element_size())
+    return bool(freed)

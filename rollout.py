@@ -236,6 +236,42 @@ class SamplerLogProbs(LogitsProcessor):
         return torch.stack(steps, 1).tolist()
 
 
+OBSERVATION_FRAME = 16  # tokens a chat template puts around a tool message, assumed (Qwen2.5's: 12)
+
+
+def prompt_tokens(cfg) -> int:
+    """The longest prompt of a generate call: plan_prompt_tokens, or with --env a last turn's (the
+    query, every earlier turn and observation: observations add context, never loss), capped by
+    max_trace_tokens − max_new_tokens. P 512, 3 turns of C 256, observations of 256 ->
+    512 + 2 × (256 + 256 + 16) = 1568."""
+    p = cfg.plan_prompt_tokens
+    if not cfg.env:
+        return p
+    longest = p + (cfg.max_turns - 1) * (cfg.max_new_tokens + cfg.max_observation_tokens + OBSERVATION_FRAME)
+    # the first turn's prompt is the query's, whatever the cap
+    return max(p, min(longest, cfg.max_trace_tokens - cfg.max_new_tokens)) if cfg.max_trace_tokens else longest
+
+
+def call_rows(cfg, world: int) -> tuple[int, int]:
+    """(sequences of a rollout's generate call on a rank, of an eval's; 0 without evals): whole
+    groups, rollout_batch_size of them at most, never more than the rank's share of a step; an
+    eval call holds eval_batch_size // eval_samples problems' samples. 64 prompts × 8 on 8 ranks,
+    rollout_batch_size 32 -> 32 (4 groups)."""
+    share = cfg.prompts_per_step // world
+    groups = min(share, max(1, cfg.rollout_batch_size // cfg.group_size) if cfg.rollout_batch_size else share)
+    held_out = max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples if cfg.eval_every else 0
+    return groups * cfg.group_size, held_out
+
+
+def reserve(lm, cfg, world: int) -> None:
+    """Size the engine's slab for the run's largest generate call on this rank before the first
+    (Engine.reserve), when the engine generates for lm: call_rows by prompt_tokens + max_new_tokens;
+    kept all run, or given back after each call (--engine-release)."""
+    if engine_for(cfg.engine, next(lm.parameters()).device.type) == "fast" and Engine.unsupported(lm) is None:
+        Engine.of(lm, cfg.engine_compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
+                                                  release=cfg.engine_release)
+
+
 def engine_for(engine: str, device_type: str) -> str:
     """Who generates for --engine on a device type: "fast" (engine.py) or "hf" (generate). auto is
     the one measured faster there: the engine on CPU, `generate` on CUDA, where the engine's decode

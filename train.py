@@ -53,14 +53,14 @@ from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config, response_tokens,
                     rollout_shapes, validate)
-from engine import compile_count
+from engine import counters, run_counters
 from eval import evaluate
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
                       grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
 from rewards import grade_batch, overlong_penalty
-from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, sampler_correction
+from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, reserve, sampler_correction
 from tasks import detail_means
 
 
@@ -634,7 +634,8 @@ def train(cfg: Config, setup: Setup) -> None:
         with full_weights(learner.scorer), learner.autocast():
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape))[0]
 
-    compiled = compile_count()  # engine graphs compiled before this run (by another run in this process)
+    reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
+    engine_start = counters()  # what engines did before this run (another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
@@ -659,7 +660,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0], "engine/compiles": compile_count() - compiled})
+                        "lr": scheduler.get_last_lr()[0], **run_counters(engine_start)})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])

@@ -21,8 +21,17 @@ A call's decode steps read every weight once a step and each token's K and V con
     ((longest row − 1) · weight bytes + Σ over decoded tokens of context · KV bytes a token) / bandwidth
 
 (compute dtype; token t ≥ 1 of a row has prompt + t columns of context, token 0 is the prefill's;
-only tokens written up to each row's stop count). Bandwidth: a device-to-device copy's (read +
-write). Decode time: a call's time minus the same call's with 1 new token. Each engine first runs
+only tokens written up to each row's stop count): the bandwidth bound. Bandwidth: a device-to-device
+copy's (read + write). The roofline takes each step at the larger of its bytes / bandwidth and its
+FLOPs / peak, FLOPs being 2 a live row for every matmul weight (the layers' projections and the LM
+head) and 4 · layers · heads · head_dim a row for every column of context (QKᵀ and PV); peak: the
+data sheet's dense bf16 rate for a GPU in PEAK_FLOPS, else a square matmul's in the compute dtype,
+measured.
+
+Decode time: the timed calls' time less, for each, the median of PREFILLS calls of the same rows
+with 1 new token (the prefill and the first draw). When that is not above NOISE times the 1-token
+calls' spread (max − min) a call, the row says "too short to time" and gives no rate: under load,
+rows that stop after a token or two decode for less time than the noise. Each engine first runs
 one untimed call per batch (compiling and capturing once per run, not per rollout); `compiles`
 counts graphs compiled in the timed calls (engine.compile_count). On CPU only ratios mean much.
 """
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -56,7 +66,11 @@ QUICK = dict(layers=2, batch=[4, 8], prompt=16, new=24, repeats=1, mean=6, copy_
              widths=dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
                          vocab_size=32768))
 COLUMNS = ("regime", "batch", "engine", "length mean [min, max]", "decode s", "tokens/s", "bound tokens/s",
-           "of bound", "× hf", "compiles")
+           "of bound", "of roofline", "× hf", "compiles")
+PREFILLS = 3  # 1-token calls after each timed call: their median stands for its prefill, their spread for noise
+NOISE = 3  # a decode time is a figure only above this many spreads of the 1-token calls
+# dense bf16 tensor-core FLOP/s from the data sheets; the first key in the device's name is its peak
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 @dataclass
@@ -68,6 +82,7 @@ class Regime:
     group: int  # rows that share a prompt
     scorer: nn.Module | None = None  # training: the FSDP-wrapped model.ResponseLogProbs around lm
     autocast: object = nullcontext  # () -> the compute dtype's autocast
+    calls: int = 0  # engine ("fast") calls made so far: Engine.moves is out of these
 
     @contextmanager
     def rollout(self):
@@ -103,15 +118,32 @@ def stop_probability(mean: float, budget: int) -> float:
     return q
 
 
-def bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes per second a copy of `nbytes` moves (it reads and writes them), best of 5."""
-    x, y = torch.empty(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8, device=device)
+def best_seconds(work, device: torch.device) -> float:
+    """The shortest of 5 timings of work()."""
     best = float("inf")
     for _ in range(5):
         t0 = sync(device)
-        y.copy_(x)
+        work()
         best = min(best, sync(device) - t0)
-    return 2 * nbytes / best
+    return best
+
+
+def bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes per second a copy of `nbytes` moves (it reads and writes them), best of 5."""
+    x, y = torch.empty(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return 2 * nbytes / best_seconds(lambda: y.copy_(x), device)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """FLOP/s of dense matmuls: the data sheet's for a GPU named in PEAK_FLOPS, else the best of 5 square
+    matmuls in `dtype`. -> (rate, "data sheet" or "measured")"""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    for key, rate in PEAK_FLOPS.items():
+        if key in name:
+            return rate, "data sheet"
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n ** 3 / best_seconds(lambda: a @ a, device), "measured"
 
 
 def sync(device: torch.device) -> float:
@@ -123,6 +155,7 @@ def sync(device: torch.device) -> float:
 
 def timed(regime: Regime, prompts, sampling: Sampling, device) -> tuple[float, list[int]]:
     """Seconds of one rollout.sample call and each row's count of new tokens."""
+    regime.calls += sampling.engine == "fast"
     t0 = sync(device)
     with regime.rollout():
         out = sample(regime.lm, regime.tok, prompts, sampling)
@@ -139,41 +172,81 @@ def training_regime(lm, device, stops: range, recipe: dict) -> Regime:
                   recipe.get("group_size", 1), scorer, autocast_context(cfg, device))
 
 
+def decode_seconds(full: list[float], one_token: list[float]) -> float | None:
+    """Seconds the decode steps of len(full) calls took: their time less, for each, the median of the
+    1-token calls (its prefill and first draw). None when that is not above NOISE times the 1-token
+    calls' spread a call: too short to tell from the noise. [2.0], [0.5, 0.6, 0.4] -> 1.5;
+    [0.8], [0.5, 0.6, 0.4] -> None (0.3 against 3 · 0.2)."""
+    decode = sum(full) - len(full) * statistics.median(one_token)
+    return decode if decode > NOISE * len(full) * (max(one_token) - min(one_token)) else None
+
+
+def bound_seconds(lengths: list[int], prompt: int, sizes) -> tuple[float, float]:
+    """The least seconds the decode steps of a call can take that writes rows of these lengths after a
+    prompt of `prompt` columns: (bandwidth bound, roofline). Step t ≥ 1 feeds the rows longer than t,
+    each with prompt + t columns of context."""
+    bandwidth = roofline = 0.0
+    for t in range(1, max(lengths)):
+        rows = sum(n > t for n in lengths)
+        columns = rows * (prompt + t)
+        memory = (sizes.weight_bytes + columns * sizes.kv_bytes) / sizes.rate
+        compute = (2 * sizes.matmul_weights * rows + sizes.attention_flops * columns) / sizes.peak
+        bandwidth += memory
+        roofline += max(memory, compute)
+    return bandwidth, roofline
+
+
 def measure_batch(regime: Regime, batch: int, args, sizes, device) -> list[dict]:
-    """One row per engine, over args.repeats calls interleaved so that both see the same machine."""
+    """One row per engine, over args.repeats calls interleaved so that both see the same machine, each
+    followed by PREFILLS 1-token calls. Rates are None where decode_seconds is (too short to time)."""
     prompts = random_prompts(batch, args.prompt, sizes.vocab, regime.group)
     calls = {e: (lambda n, e=e: timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine=e), device))
              for e in ENGINES}
     for call in calls.values():
         call(args.new)  # warm-up: compile and capture
-    runs = {e: dict(decode=0.0, bound=0.0, lengths=[], compiles=0) for e in ENGINES}
+    runs = {e: dict(full=[], one_token=[], bandwidth=0.0, roofline=0.0, lengths=[], compiles=0) for e in ENGINES}
     for _ in range(args.repeats):
         for e, call in calls.items():
-            before = engine.compile_count()
-            full, lengths = call(args.new)
-            runs[e]["decode"] += full - call(1)[0]
-            runs[e]["compiles"] += engine.compile_count() - before
-            runs[e]["lengths"] += lengths
-            columns = sum((n - 1) * args.prompt + (n - 1) * n / 2 for n in lengths)
-            runs[e]["bound"] += ((max(lengths) - 1) * sizes.weight_bytes + columns * sizes.kv_bytes) / sizes.rate
+            r, before = runs[e], engine.compile_count()
+            seconds, lengths = call(args.new)
+            r["full"].append(seconds)
+            r["one_token"] += [call(1)[0] for _ in range(PREFILLS)]
+            r["compiles"] += engine.compile_count() - before
+            r["lengths"] += lengths
+            bandwidth, roofline = bound_seconds(lengths, args.prompt, sizes)
+            r["bandwidth"] += bandwidth
+            r["roofline"] += roofline
     rows = []
     for e, r in runs.items():
         n, tokens = r["lengths"], sum(r["lengths"]) - len(r["lengths"])  # token 0 of a row is the prefill's
+        decode = decode_seconds(r["full"], r["one_token"])
         rows.append(dict(regime=regime.name, batch=batch, engine=e, length_mean=sum(n) / len(n), length_min=min(n),
-                         length_max=max(n), decode_s=r["decode"], tokens_s=tokens / r["decode"],
-                         bound_tokens_s=tokens / r["bound"], fraction=r["bound"] / r["decode"], compiles=r["compiles"]))
-    return [dict(row, vs_hf=row["tokens_s"] / rows[0]["tokens_s"]) for row in rows]
+                         length_max=max(n), decode_s=decode, tokens_s=decode and tokens / decode,
+                         bound_tokens_s=tokens / r["bandwidth"] if tokens else None,
+                         fraction=decode and r["bandwidth"] / decode, roofline=decode and r["roofline"] / decode,
+                         compiles=r["compiles"]))
+    hf = rows[0]["tokens_s"]
+    return [dict(row, vs_hf=hf and row["tokens_s"] and row["tokens_s"] / hf) for row in rows]
 
 
-def run(lm, config, device, args, say=print) -> list[dict]:
+def cell(value, spec: str, missing: str = "–") -> str:
+    """`value` formatted by `spec`, or `missing` where there is none (a row too short to time)."""
+    return missing if value is None else format(value, spec)
+
+
+def run(lm, config, device, args, say=print, after=None) -> list[dict]:
     """The regimes asked for on build_model's `lm`, `say`-ing a header and each table row as it is
-    measured. -> the rows as dicts."""
+    measured; after(regime, rows so far) once a regime is measured, while its engine's step is still
+    the one compiled (the next regime's engine resets the compiler). -> the rows as dicts."""
     text, recipe = config.get_text_config(), yaml.safe_load(Path(args.recipe).read_text())
     dtype = compute_dtype(Config(), device)
     size, head_dim = dtype.itemsize, getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    sizes = SimpleNamespace(vocab=text.vocab_size, rate=bandwidth(device, args.copy_bytes),
+    peak, source = peak_flops(device, dtype)
+    sizes = SimpleNamespace(vocab=text.vocab_size, rate=bandwidth(device, args.copy_bytes), peak=peak,
                             weight_bytes=sum(p.numel() for p in lm.parameters()) * size,
-                            kv_bytes=2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * size)
+                            kv_bytes=2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * size,
+                            matmul_weights=sum(m.weight.numel() for m in lm.modules() if isinstance(m, nn.Linear)),
+                            attention_flops=4 * text.num_hidden_layers * text.num_attention_heads * head_dim)
     q = stop_probability(args.mean, args.new)
     # a random model's ids are exchangeable: k of them carry k / vocab of the probability on average. A range,
     # not a list: rollout cuts a row at its first stop with `token in stops`, token by token
@@ -181,7 +254,8 @@ def run(lm, config, device, args, say=print) -> list[dict]:
     say(f"{args.shape}{f' narrowed to {args.widths}' if args.widths else ''}, {text.num_hidden_layers} layers, "
         f"{sizes.weight_bytes / 2**30:.2f} GiB of {dtype} weights on "
         f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'} ({torch.get_num_threads()} "
-        f"threads); copy bandwidth {sizes.rate / 1e9:.0f} GB/s; prompt {args.prompt}, budget {args.new} tokens")
+        f"threads); copy bandwidth {sizes.rate / 1e9:.0f} GB/s, peak {peak / 1e12:.3g} TFLOP/s ({source}); "
+        f"prompt {args.prompt}, budget {args.new} tokens")
     say(f"bound: the bare {dtype} model, τ 1, every row writes {args.new} tokens\ntraining: FSDP world 1 + "
         f"autocast, {Path(args.recipe).name}: τ {recipe.get('temperature', 1.0)}, top-p {recipe.get('top_p', 1.0)}, "
         f"top-k {recipe.get('top_k', 0)}, groups of {recipe.get('group_size', 1)}; {len(stops)} stop ids, one "
@@ -193,15 +267,22 @@ def run(lm, config, device, args, say=print) -> list[dict]:
         if name == "bound":
             regime = Regime("bound", copy.deepcopy(lm).to(dtype).eval(),
                             SimpleNamespace(eos_token_id=text.vocab_size, pad_token_id=0), Sampling(), 1)
+            # the slab sized for the largest batch before the first call, as a training run sizes it
+            engine.Engine.of(regime.lm).reserve(max(args.batch), args.prompt + args.new)
         else:
             regime = training_regime(lm, device, stops, recipe)
             timed(regime, random_prompts(max(args.batch), args.prompt, text.vocab_size),
                   replace(regime.sampling, max_new_tokens=args.new, engine="fast"), device)
         for batch in args.batch:
             rows += measure_batch(regime, batch, args, sizes, device)
-            say("\n".join(f"| {r['regime']} | {r['batch']} | {r['engine']} | {r['length_mean']:.1f} [{r['length_min']}, "
-                          f"{r['length_max']}] | {r['decode_s']:.2f} | {r['tokens_s']:,.0f} | {r['bound_tokens_s']:,.0f} | "
-                          f"{r['fraction']:.1%} | {r['vs_hf']:.2f} | {r['compiles']} |" for r in rows[-len(ENGINES):]))
+            say("\n".join(f"| {r['regime']} | {r['batch']} | {r['engine']} | "
+                          f"{r['length_mean']:.1f} [{r['length_min']}, {r['length_max']}] | "
+                          f"{cell(r['decode_s'], '.2f', 'too short to time')} | "
+                          f"{cell(r['tokens_s'], ',.0f')} | {cell(r['bound_tokens_s'], ',.0f')} | "
+                          f"{cell(r['fraction'], '.1%')} | {cell(r['roofline'], '.1%')} | {cell(r['vs_hf'], '.2f')} | "
+                          f"{r['compiles']} |" for r in rows[-len(ENGINES):]))
+        if after:
+            after(regime, rows)
     return rows
 
 

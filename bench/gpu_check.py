@@ -1,59 +1,79 @@
-"""One command for a GPU's first minutes: does the engine (`--engine fast`) write what HF `generate`
-writes and record the trainer's log-probs, do its CUDA graphs draw fresh random numbers at every
-replay, how close does it decode to the memory-bandwidth bound, and what do training steps cost
-against the memory plan.
+"""One command that settles on one GPU, in 8 minutes, whether the engine (`--engine fast`) earns its
+place: what a training step costs with it against HF `generate`, how close it decodes to the
+hardware's limits and where the rest of a step goes, whether it writes what `generate` writes and
+records the trainer's log-probs, whether its CUDA graphs draw fresh random numbers at every replay,
+and what a LoRA run costs against the memory plan. The parts, most valuable first:
 
-    python bench/gpu_check.py                        # every part: ~8 min on one H100 (estimated, see PARTS)
-    python bench/gpu_check.py --skip train,lora      # parts: agree, rng, decode, train, lora
-    python bench/gpu_check.py --device cpu --quick   # every part tiny on CPU: the test suite's smoke run
+    python bench/gpu_check.py                         # every part, within 465 s (PARTS): fits `timeout 480`
+    python bench/gpu_check.py --skip rng,lora         # parts: train, decode, agree, rng, lora
+    python bench/gpu_check.py --caps decode=300       # a part's cap in seconds, for a slower GPU
+    python bench/gpu_check.py --device cpu --quick    # every part tiny on CPU: the test suite's smoke run
 
 Random-initialised models of a real shape and vocabulary (assets/shapes/Qwen2.5-1.5B-Instruct, no
 download), bf16 on the GPU. Without CUDA it stops at once, saying so, with status 1.
 
-- agree: greedy decoding by the engine and by `generate`, 16 rows × 64 tokens on 4 of the shape's
-  layers, the model held as training holds it (fp32, FSDP2 world 1, generating inside
-  full_weights and autocast: decode_bound.training_regime): the rows written identically and the
-  first token where a row diverges; and |sampler log-prob − trainer log-prob| (what each engine
-  recorded against model.ResponseLogProbs over the same tokens), max and mean.
+- train: 3 steps of the Qwen2.5-1.5B GSM8K recipe (configs/qwen2.5-1.5b_gsm8k_grpo.yaml on the
+  built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget) with
+  --engine fast, then hf. Per step: seconds, of which compiling (train.py's cumulative
+  engine/compile_s, told apart), the rollout's share, engine/compiles and engine/moves so far; each
+  phase's peak (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's
+  (extras.plan.estimate); fast's step time over hf's, compile seconds left out, over steps 2-3.
+- decode: bench/decode_bound.py on the whole shape, batch 64/128/256, prompt 128, 64 new tokens,
+  both regimes: each engine's tokens/s as a fraction of the roofline and of the memory-bandwidth
+  bound. For each regime's engine: its calls that found the slab at a new address (Engine.moves:
+  CUDA graphs recorded anew) out of its calls; at batch 64 and 256 the host's seconds issuing a step
+  (Engine.issue_seconds / Engine.steps over one call); in the bound regime, a torch.profiler
+  histogram of a step's kernels (a call of 64 tokens less one of 1, per step: the same prefill):
+  how many, their time, the most run and the longest (on CPU, the outermost ops).
+- agree: on 4 of the shape's layers, 16 rows × 64 tokens. Greedy rows by the engine and by
+  `generate` in fp32, where a logit's rounding (~1e-6 of it) is far below the margin between the
+  top two logits (a random model's are close: ~0.2 of the logits' spread, which bf16's rounding
+  crosses every few dozen tokens; scaling the head or the init scales both alike): the rows written
+  identically, the first token where a row diverges and the margin there, and the mean margin. Then
+  as training holds the model (fp32 weights, FSDP2 world 1, generating inside full_weights and
+  autocast: decode_bound.training_regime, bf16 on the GPU): |sampler log-prob − trainer log-prob|
+  of each engine's greedy rows (model.ResponseLogProbs over the same tokens), max and mean.
 - rng: the final norm's weight zeroed, so that every logit is 0 and every token equally likely;
   the engine draws 256 rows × 64 tokens (one CUDA graph, replayed), twice. Tokens are binned into
   8 id ranges of sizes ∝ 1..8, a known uneven distribution p: a χ² goodness-of-fit test of all
   draws; how often a row's token repeats its previous token's bin (disjoint pairs) and how often
   call 2 repeats call 1's bin at the same (row, step), each against Σp² (binomial z-test, two-sided
   p). A replay that reused its random numbers would repeat every time.
-- decode: bench/decode_bound.py on the whole shape, batch 64/128/256, prompt 128, 128 new tokens,
-  both regimes: the fraction of the bandwidth bound, per engine.
-- train: 3 steps of the Qwen2.5-1.5B GSM8K recipe (configs/qwen2.5-1.5b_gsm8k_grpo.yaml on the
-  built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget) with
-  --engine fast, then hf: engine/compiles, step time, the rollout's share,
-  and each phase's peak (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's
-  (extras.plan.estimate).
-- lora: the same with README's one-GPU LoRA flags (--lora-rank 32 --rollout-batch-size 256; --engine
-  auto): peaks against the plan's.
+- lora: train's 3 steps with README's one-GPU LoRA flags (--lora-rank 32 --rollout-batch-size 256)
+  and --engine fast: the same figures, the adapters merged into the engine's copy.
 
-Writes one JSON (--out; rewritten after every part, so a run cut short keeps what it measured) and
-prints a markdown table: part | measure | value. A part that fails is recorded with its error and
-the next one runs; the exit status is then 1.
+Each part runs in a process of its own (`--part NAME`) under a cap: part i must end by the sum of
+the caps of parts 1..i, so that a part that ends early leaves its seconds to the next, and one that
+runs past is stopped with its processes, recorded as timed out with what it had kept (train after
+each engine, decode after each regime), and the next part runs. Writes one JSON (--out; rewritten
+after every part) and prints a markdown table: part | measure | value. A part that fails or times
+out is recorded as such, and the exit status is then 1.
 """
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
+import copy
 import json
 import math
+import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+START = time.monotonic()  # the caps count from here: torch's import can take seconds on a cold machine
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-from parallel import teardown  # noqa: E402 (torch alone)
 
 SHAPE = "Qwen2.5-1.5B-Instruct"
 RECIPE = ["--config", str(ROOT / "configs" / "qwen2.5-1.5b_gsm8k_grpo.yaml"), "--data", "running_sum",
@@ -68,34 +88,206 @@ def widths(quick: bool) -> dict:
     return QUICK["widths"] if quick else {}
 
 
-def agree(device, quick: bool, out: Path):
+# ----------------------------------------------------------------------------- train, lora
+
+def train_run(name: str, extra: list[str], quick: bool, out: Path) -> tuple[dict, list]:
+    """3 steps of the recipe with `extra` train.py flags, measured against the plan (summary)."""
+    import gpu_run
+    model_dir = out.parent / f"{out.stem}-{SHAPE}{'-quick' if quick else ''}"
+    if not (model_dir / "tokenizer_config.json").is_file():  # written last: a build cut short is built again
+        gpu_run.build(SHAPE, model_dir, 2 if quick else 0, **widths(quick))
+    flags = gpu_run.recipe_flags(model_dir, 3, 16 if quick else 256, 2 if quick else 8) + RECIPE + extra
+    run = out.parent / f"{out.stem}-{name}"
+    shutil.rmtree(run, ignore_errors=True)
+    steps = gpu_run.train(flags, run)
+    shutil.rmtree(run)  # its end-of-run checkpoint: ~21 GB for the full 1.5B (fp32 weights + AdamW)
+    data = summary(steps, gpu_run.plan_peaks(flags))
+    return data, summary_lines(name, data)
+
+
+def summary(steps: list[dict], plan: dict) -> dict:
+    """A run's metrics.jsonl rows -> per step: seconds, of them compiling (engine/compile_s is cumulative),
+    the rollout's share, engine/compiles and engine/moves so far (None where train.py does not log
+    them); the mean step less its compiling over the steps after the first; each phase's peak over the
+    steps (None on CPU, which has no counter) and the plan's."""
+    step_s, compiled = [r["time/step"] for r in steps], [r.get("engine/compile_s") for r in steps]
+    compile_s = [None if c is None else c - b for c, b in zip(compiled, [0.0, *compiled])]
+    less = [s - (c or 0.0) for s, c in zip(step_s, compile_s)]
+    peak = {p: max((r[f"memory/{p}_peak_gib"] for r in steps if f"memory/{p}_peak_gib" in r), default=None)
+            for p in ("rollout", "update")}
+    return dict(step_s=step_s, compile_s=compile_s, steady_s=statistics.mean(less[1:] or less),
+                compiles=[r.get("engine/compiles") for r in steps], moves=[r.get("engine/moves") for r in steps],
+                rollout_share=[r["time/rollout"] / r["time/step"] for r in steps], peak_gib=peak, plan_gib=plan)
+
+
+def summary_lines(name: str, s: dict) -> list[tuple[str, str]]:
+    def listed(values):
+        return ", ".join("n/a" if v is None else f"{v:g}" for v in values)
+    shown = {p: "n/a" if s["peak_gib"][p] is None else f"{s['peak_gib'][p]:.2f}" for p in ("rollout", "update")}
+    return [(f"{name}: step s (compiling s, rollout share)",
+             ", ".join(f"{t:.1f} ({'n/a' if c is None else f'{c:.1f}'}, {r:.0%})"
+                       for t, c, r in zip(s["step_s"], s["compile_s"], s["rollout_share"]))),
+            (f"{name}: engine/compiles; engine/moves after each step",
+             f"{listed(s['compiles'])}; {listed(s['moves'])}"),
+            (f"{name}: peak GiB rollout, update (plan)",
+             ", ".join(f"{shown[p]} ({s['plan_gib'][p]:.2f})" for p in ("rollout", "update")))]
+
+
+def train(device, quick: bool, out: Path, keep):
+    data, lines = {}, []
+    for name in ("fast", "hf"):
+        data[name], more = train_run(name, ["--engine", name], quick, out)
+        lines += more
+        keep(data, lines)
+    data["fast_over_hf"] = data["fast"]["steady_s"] / data["hf"]["steady_s"]
+    lines.append(("fast / hf: step s less compiling, mean of steps 2-3",
+                  f"{data['fast']['steady_s']:.1f} / {data['hf']['steady_s']:.1f} = {data['fast_over_hf']:.2f}"))
+    return data, lines
+
+
+def lora(device, quick: bool, out: Path, keep):
+    flags = ["--lora-rank", "32", "--rollout-batch-size", "256", "--engine", "fast"]
+    data, lines = train_run("lora", flags, quick, out)
+    return dict(lora=data), lines
+
+
+# ----------------------------------------------------------------------------- decode
+
+def decode(device, quick: bool, out: Path, keep):
+    from decode_bound import build_model, cell, parse_args, run
+    sizes = "--quick" if quick else "--batch 64 128 256 --prompt 128 --new 64 --repeats 1"
+    args = parse_args(["--device", device.type, *sizes.split()])
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as decode_bound.py runs on CPU
+    lm, config = build_model(args.shape, args.layers, device, **args.widths)
+    data, lines = dict(rows=[], engines={}), []
+
+    def after(regime, rows):  # the regime's engine is still the one compiled
+        data["rows"] = rows
+        figures = data["engines"][regime.name] = engine_figures(regime, args, config.vocab_size, device)
+        lines.extend((f"{r['regime']}, batch {r['batch']}, {r['engine']}",
+                      f"too short to time (mean length {r['length_mean']:.1f})" if r["decode_s"] is None else
+                      f"{r['roofline']:.1%} of the roofline, {r['fraction']:.1%} of the bandwidth bound, "
+                      f"{r['tokens_s']:,.0f} tok/s, ×{cell(r['vs_hf'], '.2f')} hf, mean length {r['length_mean']:.0f}, "
+                      f"compiles {r['compiles']}") for r in rows if r["regime"] == regime.name)
+        lines.append((f"{regime.name}: engine calls that found the slab at a new address",
+                      f"{figures['moves']} of {figures['calls']}"))
+        for batch, b in figures["batches"].items():
+            issue = b["issue_s_per_step"]
+            lines.append((f"{regime.name}, batch {batch}: host µs issuing a step",
+                          "n/a (no Engine.issue_seconds)" if issue is None else f"{issue * 1e6:.0f}"))
+            if "kernels_per_step" in b:
+                lines.append((f"{regime.name}, batch {batch}: kernels a step, their ms; the most run; the longest",
+                              f"{b['kernels_per_step']:.0f}, {b['kernel_ms_per_step']:.3f}; "
+                              + ", ".join(f"{n[:40]} ×{c:g}" for n, c in b["most_run"]) + "; "
+                              + ", ".join(f"{n[:40]} {us:.0f} µs" for n, us in b["longest"])))
+        keep(data, lines)
+
+    run(lm, config, device, args, after=after)  # prints its own table as it goes
+    return data, lines
+
+
+def engine_figures(regime, args, vocab: int, device) -> dict:
+    """The regime's engine: moves out of calls so far; at the smallest and largest batch, host seconds
+    issuing a step over one call (None until the engine counts them) and, in the bound regime, a step's
+    kernels (step_kernels)."""
+    from decode_bound import random_prompts, timed
+    from engine import Engine
+    engine = Engine.of(regime.lm, regime.sampling.engine_compile)
+    figures = dict(moves=engine.moves, calls=regime.calls, batches={})
+    for batch in (min(args.batch), max(args.batch)):
+        prompts = random_prompts(batch, args.prompt, vocab, regime.group)
+
+        def call(n):
+            return timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine="fast"), device)
+        before = issued(engine)
+        call(args.new)
+        after = issued(engine)
+        b = figures["batches"][str(batch)] = dict(
+            issue_s_per_step=None if None in before + after or after[0] == before[0]
+            else (after[1] - before[1]) / (after[0] - before[0]))
+        if regime.name == "bound":  # every row writes every token: args.new − 1 steps at this batch
+            b.update(step_kernels(call, args.new, device))
+    return figures
+
+
+def issued(engine) -> tuple:
+    """(steps, host seconds issuing them) the engine has counted, or Nones before it counts them."""
+    return getattr(engine, "steps", None), getattr(engine, "issue_seconds", None)
+
+
+def step_kernels(call, new: int, device, top: int = 5) -> dict:
+    """A decode step's kernels: profiles of call(new) and call(1) (the same prefill and first draw),
+    subtracted, over the new − 1 steps. On CUDA the device's kernels (a CUDA graph's replay shows each
+    of its kernels), on CPU the outermost ops. -> kernels and kernel ms a step, the `top` most run
+    [(name, count a step)] and the `top` longest [(name, µs a step)]."""
+    from torch.profiler import ProfilerActivity, profile
+    count, micros = Counter(), Counter()
+    for n, sign in ((new, 1), (1, -1)):
+        with profile(activities=[ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU]) as prof:
+            call(n)
+        for e in prof.events():
+            kernel = (e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
+                      if device.type == "cuda" else e.cpu_parent is None)
+            if kernel:
+                count[e.name] += sign
+                micros[e.name] += sign * e.time_range.elapsed_us()
+    steps = new - 1
+    return dict(kernels_per_step=sum(count.values()) / steps, kernel_ms_per_step=sum(micros.values()) / steps / 1e3,
+                most_run=[(k, c / steps) for k, c in count.most_common(top)],
+                longest=[(k, us / steps) for k, us in micros.most_common(top)])
+
+
+# ----------------------------------------------------------------------------- agree
+
+def agree(device, quick: bool, out: Path, keep):
     from decode_bound import build_model, random_prompts, training_regime
     from rollout import Chunk, Sampling, collate, sample
     lm, config = build_model(SHAPE, 2 if quick else 4, device, **widths(quick))
-    regime = training_regime(lm, device, range(config.vocab_size, config.vocab_size + 1), {})  # unwritable: full rows
     rows, new = (4, 12) if quick else (16, 64)
     prompts = random_prompts(rows, 32, config.vocab_size)
-    written, gaps = {}, {}
+    tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # an unwritable stop: full rows
+
+    def greedy(model, engine):
+        return sample(model, tok, prompts, Sampling(0.0, max_new_tokens=new, engine=engine))
+
+    bare = copy.deepcopy(lm).eval()  # fp32: the engine runs it itself
+    written = {e: greedy(bare, e) for e in ("hf", "fast")}
+    with torch.no_grad():  # the logits that chose hf's tokens
+        logits = bare(input_ids=torch.tensor([p + t for p, (t, _) in zip(prompts, written["hf"])], device=device)
+                      ).logits[:, len(prompts[0]) - 1:-1].float()
+    top = logits.topk(2, -1).values
+    margin = top[..., 0] - top[..., 1]  # [rows, new]
+    firsts = {r: next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+              for r, ((a, _), (b, _)) in enumerate(zip(written["hf"], written["fast"])) if a != b}
+    data = dict(rows=rows, new_tokens=new, layers=config.num_hidden_layers, identical=(rows - len(firsts)) / rows,
+                first_divergence=min(firsts.values(), default=None),
+                median_divergence=statistics.median(firsts.values()) if firsts else None,
+                margin_mean=float(margin.mean()),
+                margins_at_divergence=[float(margin[r, i]) for r, i in firsts.items()])
+    where = (f"; first divergence at token {data['first_divergence']} (median {data['median_divergence']:g}), "
+             f"top-two margins there {', '.join(f'{m:.2g}' for m in data['margins_at_divergence'])}" if firsts else "")
+    lines = [("greedy rows written identically, fast vs hf, fp32", f"{rows - len(firsts)}/{rows}{where}"),
+             ("mean margin of the top logit over the next, hf's rows", f"{data['margin_mean']:.3f}")]
+    keep(data, lines)
+
+    regime = training_regime(lm, device, range(config.vocab_size, config.vocab_size + 1), {})
+    data["logp_gap"] = {}
     for engine in ("hf", "fast"):
         with regime.rollout():
-            written[engine] = sample(lm, regime.tok, prompts, Sampling(0.0, max_new_tokens=new, engine=engine))
-        batch = collate([Chunk(p, t, lp) for p, (t, lp) in zip(prompts, written[engine])], 0, device)
+            written = greedy(lm, engine)
+        batch = collate([Chunk(p, t, lp) for p, (t, lp) in zip(prompts, written)], 0, device)
         with torch.no_grad(), regime.autocast():  # as train.fixed_passes scores π_old
             logp = regime.scorer(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask,
                                  1.0)["logp"]
         gap = (logp - batch.sampler_logp)[batch.response_mask > 0].abs()
-        gaps[engine] = dict(max=float(gap.max()), mean=float(gap.mean()))
-    firsts = [next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-              for (a, _), (b, _) in zip(written["hf"], written["fast"]) if a != b]
-    data = dict(rows=rows, new_tokens=new, layers=config.num_hidden_layers, identical=(rows - len(firsts)) / rows,
-                first_divergence=min(firsts, default=None),
-                median_divergence=statistics.median(firsts) if firsts else None, logp_gap=gaps)
-    where = f"; first divergence at token {min(firsts)} (median {data['median_divergence']:g})" if firsts else ""
-    lines = [("greedy rows written identically, fast vs hf", f"{rows - len(firsts)}/{rows}{where}")]
-    lines += [(f"log-prob gap to the trainer's, {e}", f"max {g['max']:.2e}, mean {g['mean']:.2e} (abs)")
-              for e, g in gaps.items()]
+        g = data["logp_gap"][engine] = dict(max=float(gap.max()), mean=float(gap.mean()))
+        lines.append((f"log-prob gap to the trainer's, {engine} (FSDP, autocast)",
+                      f"max {g['max']:.2e}, mean {g['mean']:.2e} (abs)"))
     return data, lines
 
+
+# ----------------------------------------------------------------------------- rng
 
 def bin_edges(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(the first id of bins 1..7, each bin's probability) for bins of sizes ∝ 1..8 over the vocabulary."""
@@ -111,7 +303,7 @@ def repeats(a: torch.Tensor, b: torch.Tensor, expected: float) -> dict:
     return dict(pairs=n, rate=hits / n, expected=expected, p_value=math.erfc(abs(z) / math.sqrt(2)))
 
 
-def rng(device, quick: bool, out: Path):
+def rng(device, quick: bool, out: Path, keep):
     from decode_bound import build_model, random_prompts
     from rollout import Sampling, sample
     lm, config = build_model(SHAPE, 2, device, **widths(quick))
@@ -147,119 +339,127 @@ def rng(device, quick: bool, out: Path):
     return data, lines
 
 
-def decode(device, quick: bool, out: Path):
-    from decode_bound import build_model, parse_args, run
-    from engine import Engine
-    sizes = "--quick" if quick else "--batch 64 128 256 --prompt 128 --new 128 --repeats 1"
-    args = parse_args(["--device", device.type, *sizes.split()])
-    lm, config = build_model(args.shape, args.layers, device, **args.widths)
-    rows = run(lm, config, device, args)  # prints its own table as it goes
-    moved = Engine.of(lm).moves  # calls that found the slab elsewhere: on CUDA, graphs recorded anew
-    lines = [(f"{r['regime']}, batch {r['batch']}, {r['engine']}",
-              f"{r['fraction']:.1%} of bound, {r['tokens_s']:,.0f} tok/s, ×{r['vs_hf']:.2f} hf, mean length "
-              f"{r['length_mean']:.0f}, compiles {r['compiles']}") for r in rows]
-    lines.append(("engine calls that found the slab at a new address (CUDA graphs recorded anew)", f"{moved}"))
-    return dict(rows=rows, moved=moved), lines
 
 
-def training(variants: dict):
-    """A part: 3 steps of the recipe per variant (extra train.py flags), measured against the plan."""
-    def part(device, quick: bool, out: Path):
-        import gpu_run
-        model_dir = out.parent / f"{out.stem}-{SHAPE}{'-quick' if quick else ''}"
-        if not (model_dir / "config.json").is_file():
-            gpu_run.build(SHAPE, model_dir, 2 if quick else 0, **widths(quick))
-        base = gpu_run.recipe_flags(model_dir, 3, 16 if quick else 256, 2 if quick else 8) + RECIPE
-        data, lines = {}, []
-        for name, extra in variants.items():
-            run = out.parent / f"{out.stem}-{name}"
-            shutil.rmtree(run, ignore_errors=True)
-            steps = gpu_run.train(base + extra, run)
-            shutil.rmtree(run)  # its end-of-run checkpoint: ~21 GB for the full 1.5B (fp32 weights + AdamW)
-            data[name] = summary(steps, gpu_run.plan_peaks(base + extra))
-            lines += summary_lines(name, data[name])
-        return data, lines
-    return part
+# ----------------------------------------------------------------------------- the parts, each in a process
 
-
-def summary(steps: list[dict], plan: dict) -> dict:
-    """A run's metrics.jsonl rows -> per step: seconds, the rollout's share, engine/compiles; each
-    phase's peak over the steps (None on CPU, which has no counter) and the plan's."""
-    peak = {p: max((r[f"memory/{p}_peak_gib"] for r in steps if f"memory/{p}_peak_gib" in r), default=None)
-            for p in ("rollout", "update")}
-    return dict(step_s=[r["time/step"] for r in steps], compiles=[r.get("engine/compiles") for r in steps],
-                rollout_share=[r["time/rollout"] / r["time/step"] for r in steps], peak_gib=peak, plan_gib=plan)
-
-
-def summary_lines(name: str, s: dict) -> list[tuple[str, str]]:
-    shown = {p: "n/a" if s["peak_gib"][p] is None else f"{s['peak_gib'][p]:.2f}" for p in ("rollout", "update")}
-    return [(f"{name}: step s (rollout share)",
-             ", ".join(f"{t:.1f} ({r:.0%})" for t, r in zip(s["step_s"], s["rollout_share"]))),
-            (f"{name}: engine/compiles after each step",
-             ", ".join("n/a" if c is None else f"{c:g}" for c in s["compiles"])),
-            (f"{name}: peak GiB rollout, update (plan)",
-             ", ".join(f"{shown[p]} ({s['plan_gib'][p]:.2f})" for p in ("rollout", "update")))]
-
-
-# name: (part, estimated seconds on one H100). Not measured yet (no GPU was lent to the session that
-# wrote this): from README's H100 numbers (HF generate 30-45 ms a decode step at 1.5B), with ~1 min
-# assumed per inductor compile of a 28-layer step and ~20 s per 1.5B end-of-run checkpoint. The
-# table gives each part's real time next to its estimate.
+# name: (part, its cap in seconds, which is an estimate for one H100: no part in this form has run on a
+# GPU yet). The basis, the engine's first GPU run (docs/measured.md: one H200, every part in one
+# process): agree 41 s, rng 12 s, decode 233 s with two 28-layer compiles, train's fast pass 141 s for
+# 3 steps, 90 s of them compiling; plus ~10 s a process for its imports, ~20 s for a 1.5B end-of-run
+# checkpoint, and HF generate at 30-45 ms a token (README's H100 figures). decode and lora compile the
+# step that train compiled: inductor's on-disk cache is assumed to leave ~25 s of each (dynamo's trace).
 PARTS = {
-    "agree": (agree, 45),  # a 4-layer compile; 2 × 64 greedy steps
-    "rng": (rng, 35),  # a 2-layer compile; 2 × 64 steps
-    "decode": (decode, 150),  # hf: 2 regimes × 3 batches × ~260 steps; fast: compiles, then as many steps, faster
-    "train": (training({"fast": ["--engine", "fast"], "hf": ["--engine", "hf"]}), 180),  # 2 × (start, 3 steps, save)
-    "lora": (training({"lora": ["--lora-rank", "32", "--rollout-batch-size", "256"]}), 50),  # a small save
+    "train": (train, 230),  # build 15; fast: start 15, compile 80, 3 steps 25, save 20; hf: 15, 3 × 12, 20
+    "decode": (decode, 120),  # start 10, 2 compiles 50, hf 2 regimes × 3 batches × 2 calls × 64 tokens 27,
+    # fast 5, the extra and profiled calls 10
+    "agree": (agree, 45),  # start 10, 2 compiles of 4 layers 30, 4 × 64 greedy steps
+    "rng": (rng, 20),  # start 10, a 2-layer compile, 2 × 64 steps
+    "lora": (lora, 50),  # start 15, a compile 25, 3 steps of 64 rows, a small save
 }
 
 
-def release(device) -> None:
-    """Let go of a part's compiled steps, CUDA graphs and cached memory before the next part runs."""
-    torch.compiler.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+def part_file(out: Path, name: str) -> Path:
+    """Where a part's process keeps what it has measured, for the parent to read."""
+    return out.with_name(f"{out.stem}-{name}.part.json")
+
+
+def run_part(name: str, device, quick: bool, out: Path) -> None:
+    """The child's side: one part, whose (data, lines) are written to part_file each time it keeps them
+    and at its end; on an error, with the error, and the status is 1."""
+    from parallel import teardown
+    path, kept = part_file(out, name), [{}, []]
+
+    def keep(data: dict, lines: list) -> None:
+        kept[:] = data, lines
+        path.with_suffix(".tmp").write_text(json.dumps(dict(data=data, lines=lines)))
+        path.with_suffix(".tmp").replace(path)  # whole, even when the part is stopped while writing
+    try:
+        keep(*PARTS[name][0](device, quick, out, keep))
+    except Exception as e:  # noqa: BLE001 - the parent records it and runs the next part
+        traceback.print_exc()
+        error = f"{type(e).__name__}: {e}"
+        keep(dict(kept[0], error=error), kept[1] + [("failed", error.splitlines()[0])])
+        sys.exit(1)
+    finally:
+        teardown()  # the process group the FSDP parts started
+
+
+def run_child(name: str, args, cap: float) -> tuple[dict, list, int | None]:
+    """Run one part in a child process for at most `cap` seconds. -> what it kept (data, lines) and its
+    exit status, None when it was stopped at its cap."""
+    argv = [sys.executable, __file__, "--part", name, "--device", args.device, "--out", args.out]
+    path = part_file(Path(args.out), name)
+    path.unlink(missing_ok=True)
+    child = subprocess.Popen(argv + ["--quick"] * args.quick, start_new_session=True)  # a process group of its own
+    try:
+        status = child.wait(timeout=max(cap, 1))
+    except subprocess.TimeoutExpired:
+        status = None
+    finally:  # past the cap, or on our own way out: the part's processes (train.py's too) go with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    got = json.loads(path.read_text()) if path.is_file() else dict(data={}, lines=[])
+    path.unlink(missing_ok=True)
+    return got["data"], [tuple(line) for line in got["lines"]], status
+
+
+def parse_caps(text: str) -> dict:
+    try:
+        caps = {name: float(seconds) for name, seconds in (pair.split("=") for pair in text.split(",") if pair)}
+    except ValueError:
+        sys.exit(f"gpu_check: --caps {text}: give NAME=SECONDS pairs separated by commas, e.g. decode=300")
+    if caps.keys() - PARTS.keys():
+        sys.exit(f"gpu_check: --caps {','.join(sorted(caps.keys() - PARTS.keys()))}: the parts are {', '.join(PARTS)}")
+    return caps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu_check.json")
     parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {', '.join(PARTS)}")
+    parser.add_argument("--caps", default="", help="NAME=SECONDS,...: parts' caps other than PARTS' (decode=300)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child process's one part
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): run it on a machine with one")
-    skip = {s for s in args.skip.split(",") if s}
+    out = Path(args.out)
+    if args.part:
+        return run_part(args.part, device, args.quick, out)
+    skip, caps = {s for s in args.skip.split(",") if s}, parse_caps(args.caps)
     if skip - set(PARTS):
         sys.exit(f"gpu_check: --skip {','.join(sorted(skip - set(PARTS)))}: the parts are {', '.join(PARTS)}")
-    out = Path(args.out)
+    # a SIGTERM (`timeout`'s) leaves through run_child's `finally`, which stops the running part's processes
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out.parent.mkdir(parents=True, exist_ok=True)
     report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
                   torch=torch.__version__, quick=args.quick, parts={})
-    table, failed = [], False
-    for name, (part, estimate) in PARTS.items():
+    table, failed, end = [], False, START
+    for name, (_, estimate) in PARTS.items():
         if name in skip:
             continue
-        t0 = time.perf_counter()
-        try:
-            data, lines = part(device, args.quick, out)
-        except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others' results
-            traceback.print_exc()
-            error = f"{type(e).__name__}: {e}"
-            data, lines, failed = dict(error=error), [("failed", error.splitlines()[0])], True
-        seconds = time.perf_counter() - t0
-        report["parts"][name] = dict(data, seconds=seconds, estimate_s=estimate)
+        end += caps.get(name, estimate)  # this part's end: what earlier parts left, and its own cap
+        t0 = time.monotonic()
+        data, lines, status = run_child(name, args, end - t0)
+        if status is None:
+            data["timed_out"] = True
+            lines.append(("timed out", f"stopped after {end - t0:.0f} s; above, what it had kept"))
+        elif status and "error" not in data:
+            data["error"] = f"exit status {status}"
+            lines.append(("failed", data["error"]))
+        failed |= status != 0
+        seconds = time.monotonic() - t0
+        report["parts"][name] = dict(data, seconds=seconds, estimate_s=estimate, cap_s=end - t0)
         table += [(name, what, value) for what, value in lines]
-        table.append((name, "seconds (estimate)", f"{seconds:.0f} ({estimate})"))
+        table.append((name, "seconds (estimate, cap)", f"{seconds:.0f} ({estimate}, {end - t0:.0f})"))
         out.write_text(json.dumps(report, indent=1))
-        release(device)
     print(f"\n{report['device']}, torch {report['torch']}{' (--quick)' if args.quick else ''}; wrote {out}")
     print("| part | measure | value |\n|---|---|---|")
     print("\n".join(f"| {p} | {w} | {v} |" for p, w, v in table))
-    teardown()  # the process group the FSDP parts started
     sys.exit(1 if failed else 0)
 
 

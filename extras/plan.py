@@ -36,7 +36,7 @@ from extras.lora import chosen
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
-from rollout import engine_for
+from rollout import call_rows, engine_for, prompt_tokens
 
 SHAPES = Path(__file__).resolve().parent.parent / "assets" / "shapes"
 GiB = 2 ** 30
@@ -288,25 +288,24 @@ def engine_copy(cfg, t: Target) -> bool:
 
 
 def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[list, list]:
-    """(what the engine (engine.py) holds while it generates, what it keeps for good). Held: its
-    KV slab, sized for the largest generate call (`seqs` rows of prompt + max_new_tokens columns:
-    a Markovian round's context is q + C too), on CUDA rows rounded up to a power of two and
-    columns to a multiple of VIEW_STEP plus a spare one, given back to the allocator after each
-    call (Engine.release), so the update reuses its memory. Kept: the output buffers, the
-    inference copy of the weights in the compute dtype when it has one (under FSDP it replaces the
-    gathered decoder layers during a rollout, and stays through the update), and on CUDA the
-    graph pool (one step's temporaries)."""
+    """(the engine's KV slab, what else it keeps) from its first call on (engine.py). The slab is
+    sized before the first call for the largest generate call (rollout.reserve: `seqs` rows of
+    prompt + max_new_tokens columns; a Markovian round's context is q + C too; on CUDA rows rounded
+    up to a power of two and columns to a multiple of engine.BLOCK) and kept all run, so that a
+    recorded CUDA graph replays at the same addresses, unless --engine-release gives it back after
+    each call. Kept: the output buffers, the inference copy of the weights in the compute dtype
+    when it has one (under FSDP it replaces the gathered decoder layers during a rollout, and stays
+    through the update), and on CUDA the graph pool (one step's temporaries)."""
     rows, columns = seqs, prompt_tokens(cfg) + cfg.max_new_tokens
     if t.device == "cuda":
-        rows, columns = graph_rows(rows), graph_columns(columns) + 1
-    kv_token = kv_token_bytes(s, t)
-    held = [(f"engine KV slab, {rows} rows × {columns} columns", rows * columns * kv_token)]
+        rows, columns = graph_rows(rows), graph_columns(columns)
+    slab = [(f"engine KV slab, {rows} rows × {columns} columns", rows * columns * kv_token_bytes(s, t))]
     kept = [("engine output buffers: token ids and log-probs", (rows + 1) * columns * (8 + 4))]
     if engine_copy(cfg, t):
         kept.append((f"engine inference copy of the weights, {_dtype(t.bytes)}", s.params * t.bytes))
     if t.device == "cuda":
         kept += [("CUDA graph pool: " + what, n) for what, n in engine_step_rows(s, t, rows, sampling)]
-    return held, kept
+    return slab, kept
 
 
 def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
@@ -334,22 +333,6 @@ def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
                 ("prefill attention mask (bool + float)", seqs * q * attended * (1 + b)),
                 ("last-position logits", seqs * s.vocab * b)]
     return max((rows(*mo) for mo in moments), key=lambda r: sum(n for _, n in r))
-
-
-OBSERVATION_FRAME = 16  # tokens a chat template puts around a tool message, assumed (Qwen2.5's: 12)
-
-
-def prompt_tokens(cfg) -> int:
-    """The longest prompt of a generate call: plan_prompt_tokens, or with --env a last turn's (the
-    query, every earlier turn and observation: observations add context, never loss), capped by
-    max_trace_tokens − max_new_tokens. P 512, 3 turns of C 256, observations of 256 ->
-    512 + 2 × (256 + 256 + 16) = 1568."""
-    p = cfg.plan_prompt_tokens
-    if not cfg.env:
-        return p
-    longest = p + (cfg.max_turns - 1) * (cfg.max_new_tokens + cfg.max_observation_tokens + OBSERVATION_FRAME)
-    # the first turn's prompt is the query's, whatever the cap
-    return max(p, min(longest, cfg.max_trace_tokens - cfg.max_new_tokens)) if cfg.max_trace_tokens else longest
 
 
 def micro_batch(cfg, t: Target) -> tuple[int, int, int]:
@@ -425,30 +408,28 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
     """(resident rows, phases) of one rank for this Config on `world` ranks of `device_type`
     ("cpu": the fp32 DDP path the tests measure). Phase totals exclude the resident rows."""
     t = target_for(cfg, world, device_type)
-    b_local = cfg.prompts_per_step // world
-    per_call = min(b_local, max(1, cfg.rollout_batch_size // cfg.group_size) if cfg.rollout_batch_size else b_local)
-    phases = generation_phases(cfg, shape, t, label="rollout", seqs=per_call * cfg.group_size,
+    rollout, held_out = call_rows(cfg, world)
+    phases = generation_phases(cfg, shape, t, label="rollout", seqs=rollout,
                                sampling=(cfg.temperature, cfg.top_p, cfg.top_k), chunks=cfg.max_chunks)
     if cfg.eval_every:
-        n = cfg.eval_samples
-        phases += generation_phases(cfg, shape, t, label="eval", seqs=max(1, cfg.eval_batch_size // n) * n,
+        phases += generation_phases(cfg, shape, t, label="eval", seqs=held_out,
                                     sampling=(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k),
                                     chunks=cfg.eval_max_chunks or cfg.max_chunks)
     if t.mode == "fsdp":  # every rank loads the whole fp32 model before fully_shard splits it
         phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
                                                                               shape.params * 4)], "load"))
-    resident = resident_rows(cfg, shape, t)
-    if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it
-        seqs = max(per_call * cfg.group_size, max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples
-                   if cfg.eval_every else 0)
-        held, pool = engine_rows(cfg, shape, t, seqs, (cfg.temperature, cfg.top_p, cfg.top_k))
-        phases = [Phase(ph.name, ph.rows + held, ph.group) if ph.group in ("rollout", "eval") else ph
-                  for ph in phases]
-        resident += pool
-        if t.mode == "fsdp":  # the moment the gathered weights are copied into the engine's copy
+    phases += update_phases(cfg, shape, t)
+    if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it (rollout.reserve)
+        slab, kept = engine_rows(cfg, shape, t, max(rollout, held_out), (cfg.temperature, cfg.top_p, cfg.top_k))
+        generating = ("rollout", "eval") if cfg.engine_release else ("rollout", "eval", "update")
+        # from the first rollout on (loading comes before it); the slab in updates unless given back
+        phases = [ph if ph.group == "load" else
+                  Phase(ph.name, ph.rows + (slab if ph.group in generating else []) + kept, ph.group) for ph in phases]
+        if t.mode == "fsdp":  # the moment the gathered weights are copied into the engine's copy (before a
+            # given-back slab is taken again)
             phases.append(Phase("rollout: gathered weights copied into the engine's copy",
-                                gathered_rows(cfg, shape, t), "rollout"))
-    return resident, phases + update_phases(cfg, shape, t)
+                                gathered_rows(cfg, shape, t) + kept + ([] if cfg.engine_release else slab), "rollout"))
+    return resident_rows(cfg, shape, t), phases
 
 
 def peak(resident: list, phases: list) -> tuple[float, Phase]:
@@ -567,6 +548,9 @@ def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
         if _fits(cfg, shape, world, budget, group):
             continue
         options = {}
+        if group == "update" and engine_for(cfg.engine, "cuda") == "fast" and not cfg.engine_release:
+            if _fits(dataclasses.replace(cfg, engine_release=True), shape, world, budget, group):
+                options["engine_release"] = True  # the update without the slab beside it
         if group == "update" and not cfg.gradient_checkpointing:
             if _fits(dataclasses.replace(cfg, gradient_checkpointing=True), shape, world, budget, group):
                 options["gradient_checkpointing"] = True

@@ -527,9 +527,10 @@ def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
 
 
 def test_the_memory_plan_prompts_a_last_turn_with_every_earlier_turn_and_observation():
-    """plan.prompt_tokens: P + (T − 1)(C + O + 16), capped by max_trace_tokens − C; the update's rows
+    """rollout.prompt_tokens: P + (T − 1)(C + O + 16), capped by max_trace_tokens − C; the update's rows
     are that long, max_turns of them a trace."""
-    from extras.plan import micro_batch, prompt_tokens, target_for
+    from extras.plan import micro_batch, target_for
+    from rollout import prompt_tokens
     cfg = Config(plan_prompt_tokens=512, max_new_tokens=256, max_observation_tokens=256, micro_batch_size=10_000)
     assert prompt_tokens(cfg) == 512
     turned = replace(cfg, env="python", max_turns=3)
