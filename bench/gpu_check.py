@@ -168,14 +168,14 @@ def decode(device, quick: bool, out: Path, keep):
         lines.extend((f"{r['regime']}, batch {r['batch']}, {r['engine']}",
                       f"too short to time (mean length {r['length_mean']:.1f})" if r["decode_s"] is None else
                       f"{r['roofline']:.1%} of the roofline, {r['fraction']:.1%} of the bandwidth bound, "
-                      f"{r['tokens_s']:,.0f} tok/s, ×{cell(r['vs_hf'], '.2f')} hf, mean length {r['length_mean']:.0f}, "
-                      f"compiles {r['compiles']}") for r in rows if r["regime"] == regime.name)
+                      f"{r['tokens_s']:,.0f} tok/s, ×{cell(r['vs_hf'], '.2f')} hf, "
+                      f"mean length {r['length_mean']:.0f}, compiles {r['compiles']}") for r in rows if r["regime"] == regime.name)
         lines.append((f"{regime.name}: engine calls that found the slab at a new address",
                       f"{figures['moves']} of {figures['calls']}"))
         for batch, b in figures["batches"].items():
             issue = b["issue_s_per_step"]
             lines.append((f"{regime.name}, batch {batch}: host µs issuing a step",
-                          "n/a (no Engine.issue_seconds)" if issue is None else f"{issue * 1e6:.0f}"))
+                          "n/a (no step without a compile)" if issue is None else f"{issue * 1e6:.0f}"))
             if "kernels_per_step" in b:
                 lines.append((f"{regime.name}, batch {batch}: kernels a step, their ms; the most run; the longest",
                               f"{b['kernels_per_step']:.0f}, {b['kernel_ms_per_step']:.3f}; "
@@ -189,8 +189,8 @@ def decode(device, quick: bool, out: Path, keep):
 
 def engine_figures(regime, args, vocab: int, device) -> dict:
     """The regime's engine: moves out of calls so far; at the smallest and largest batch, host seconds
-    issuing a step over one call (None until the engine counts them) and, in the bound regime, a step's
-    kernels (step_kernels)."""
+    issuing a step over one call (Engine.issue_seconds / Engine.steps; None if every step compiled)
+    and, in the bound regime, a step's kernels (step_kernels)."""
     from decode_bound import random_prompts, timed
     from engine import Engine
     engine = Engine.of(regime.lm, regime.sampling.engine_compile)
@@ -200,20 +200,13 @@ def engine_figures(regime, args, vocab: int, device) -> dict:
 
         def call(n):
             return timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine="fast"), device)
-        before = issued(engine)
+        steps, seconds = engine.steps, engine.issue_seconds
         call(args.new)
-        after = issued(engine)
-        b = figures["batches"][str(batch)] = dict(
-            issue_s_per_step=None if None in before + after or after[0] == before[0]
-            else (after[1] - before[1]) / (after[0] - before[0]))
+        issue = None if engine.steps == steps else (engine.issue_seconds - seconds) / (engine.steps - steps)
+        b = figures["batches"][str(batch)] = dict(issue_s_per_step=issue)
         if regime.name == "bound":  # every row writes every token: args.new − 1 steps at this batch
             b.update(step_kernels(call, args.new, device))
     return figures
-
-
-def issued(engine) -> tuple:
-    """(steps, host seconds issuing them) the engine has counted, or Nones before it counts them."""
-    return getattr(engine, "steps", None), getattr(engine, "issue_seconds", None)
 
 
 def step_kernels(call, new: int, device, top: int = 5) -> dict:
