@@ -645,7 +645,7 @@ def compile_count() -> int:
 
 
 def counters() -> dict:
-    """This process's engine counts so far (train.py logs their growth over a run as engine/...):
+    """This process's engine counts so far (train.py logs their growth over a run: run_counters):
     graphs compiled and the host seconds of the steps that compiled them; calls that found the slab
     or a weight at a new address (on CUDA, their graphs recorded anew); decode steps and the host
     seconds spent issuing them (on CUDA with graphs, the launch of one graph each)."""
@@ -656,14 +656,14 @@ def counters() -> dict:
 
 
 def run_counters(since: dict) -> dict:
-    """A run's engine/... metrics since `since` (counters() at its start): graphs compiled, the host
+    """A run's engine metrics since `since` (counters() at its start): graphs compiled, the host
     seconds they took, slab or weight moves, and the host milliseconds a decode step took to issue
-    (the run's mean; absent before the first step)."""
+    (the run's mean; absent before the first step). Timings go under time/, with the others."""
     now = counters()
     grew = {k: now[k] - since[k] for k in now}
-    out = {"engine/compiles": grew["compiles"], "engine/compile_s": grew["compile_s"], "engine/moves": grew["moves"]}
+    out = {"engine/compiles": grew["compiles"], "engine/moves": grew["moves"], "time/engine_compile": grew["compile_s"]}
     if grew["steps"]:
-        out["engine/issue_ms"] = 1000 * grew["issue_s"] / grew["steps"]
+        out["time/engine_issue_ms"] = 1000 * grew["issue_s"] / grew["steps"]
     return out
 
 

@@ -15,7 +15,7 @@ download), bf16 on the GPU. Without CUDA it stops at once, saying so, with statu
 - train: 3 steps of the Qwen2.5-1.5B GSM8K recipe (configs/qwen2.5-1.5b_gsm8k_grpo.yaml on the
   built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget) with
   --engine fast, then hf. Per step: seconds, of which compiling (train.py's cumulative
-  engine/compile_s, told apart), the rollout's share, engine/compiles and engine/moves so far; each
+  time/engine_compile, told apart), the rollout's share, engine/compiles and engine/moves so far; each
   phase's peak (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's
   (extras.plan.estimate); fast's step time over hf's, compile seconds left out, over steps 2-3.
 - decode: bench/decode_bound.py on the whole shape, batch 64/128/256, prompt 128, 64 new tokens,
@@ -106,11 +106,11 @@ def train_run(name: str, extra: list[str], quick: bool, out: Path) -> tuple[dict
 
 
 def summary(steps: list[dict], plan: dict) -> dict:
-    """A run's metrics.jsonl rows -> per step: seconds, of them compiling (engine/compile_s is cumulative),
+    """A run's metrics.jsonl rows -> per step: seconds, of them compiling (time/engine_compile is cumulative),
     the rollout's share, engine/compiles and engine/moves so far (None where train.py does not log
     them); the mean step less its compiling over the steps after the first; each phase's peak over the
     steps (None on CPU, which has no counter) and the plan's."""
-    step_s, compiled = [r["time/step"] for r in steps], [r.get("engine/compile_s") for r in steps]
+    step_s, compiled = [r["time/step"] for r in steps], [r.get("time/engine_compile") for r in steps]
     compile_s = [None if c is None else c - b for c, b in zip(compiled, [0.0, *compiled])]
     less = [s - (c or 0.0) for s, c in zip(step_s, compile_s)]
     peak = {p: max((r[f"memory/{p}_peak_gib"] for r in steps if f"memory/{p}_peak_gib" in r), default=None)

@@ -55,18 +55,20 @@ def test_a_step_histogram_subtracts_the_prefill():
 
 
 def test_train_summary_tells_compiling_apart():
-    """gpu_check.summary: engine/compile_s is cumulative, a step's own is the difference; the steady
+    """gpu_check.summary: time/engine_compile is cumulative, a step's own is the difference; the steady
     step is the mean of the later steps less their compiling; a run from before train.py logged it
     still reads (None)."""
     from gpu_check import summary
-    rows = [{"time/step": 100.0, "time/rollout": 90.0, "engine/compiles": 2, "engine/compile_s": 80.0,
+    rows = [{"time/step": 100.0, "time/rollout": 90.0, "engine/compiles": 2, "time/engine_compile": 80.0,
              "engine/moves": 0},
-            {"time/step": 14.0, "time/rollout": 9.0, "engine/compiles": 3, "engine/compile_s": 84.0, "engine/moves": 0},
-            {"time/step": 11.0, "time/rollout": 6.0, "engine/compiles": 3, "engine/compile_s": 84.0, "engine/moves": 0}]
+            {"time/step": 14.0, "time/rollout": 9.0, "engine/compiles": 3, "time/engine_compile": 84.0,
+             "engine/moves": 0},
+            {"time/step": 11.0, "time/rollout": 6.0, "engine/compiles": 3, "time/engine_compile": 84.0,
+             "engine/moves": 0}]
     s = summary(rows, dict(rollout=1.0, update=2.0))
     assert s["compile_s"] == [80.0, 4.0, 0.0] and s["steady_s"] == pytest.approx(10.5)
     assert s["rollout_share"] == [0.9, 9 / 14, 6 / 11] and s["moves"] == [0, 0, 0]
-    old = summary([{k: v for k, v in r.items() if not k.startswith("engine/")} for r in rows], {})
+    old = summary([{k: v for k, v in r.items() if not k.startswith(("engine/", "time/engine"))} for r in rows], {})
     assert old["compile_s"] == [None] * 3 and old["compiles"] == [None] * 3 and old["steady_s"] == 12.5
 
 

@@ -355,6 +355,7 @@ def test_a_weight_the_inference_copy_lacks_is_named():
 # ============================================================================ the layers it runs itself
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.slow
 def test_stacked_projections_write_what_hf_generate_writes(arch):
     """With LoRA adapters (B drawn at random, so they change what the model writes) the engine decodes
     from its own fp32 copy, in which q|k|v and gate|up are each one weight (Stacked) and the
@@ -397,6 +398,19 @@ def test_the_slab_stays_where_it_was_allocated():
         hog = torch.ones(nbytes // 4)  # the size of the slab: were it freed, this would take its place
         del hog
     assert addresses[0] == addresses[1] == addresses[2] and engine.moves == 0
+
+
+def test_a_released_slab_is_given_back_and_taken_again():
+    """--engine-release: after each call the slab holds no memory (the update may use it); the next
+    call takes it again, zeroed, and still writes what HF generate writes."""
+    lm = random_lm("llama")
+    engine = Engine(lm)
+    engine.reserve(4, 32, release=True)
+    rows, greedy = prompts([4, 11, 7, 9]), Sampling(temperature=0, max_new_tokens=12)
+    hf = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, engine="hf"))]
+    for _ in range(2):
+        assert [t for t, _ in engine_decode(engine, rows, greedy, -1)] == hf
+        assert all(t.untyped_storage().nbytes() == 0 for t in engine.keys + engine.values)
 
 
 def launches_per_layer(arch: str, **config) -> int:
