@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +29,7 @@ from rewards import DataError, Problem
 from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
+TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; wandb and trackio are extras/trackers.py's
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
 
 
@@ -37,7 +39,7 @@ class RunConfig:
     algo: str = "grpo"  # a name from algos/__init__.py; its preset sets some of its knobs (the last fields of Config)
     config: str = ""  # YAML preset file; its keys are Config fields
     model: str = DEFAULT_MODEL  # any local HF causal LM folder; default: the shipped tiny model
-    data: str = "running_sum"  # built-in task (running_sum, countdown), a .jsonl/.json/.parquet file (of code problems when its rows have tests), or file.py:Class (a tasks.Task); several, comma-separated, for a mixed run
+    data: str = "running_sum"  # built-in task (running_sum, countdown), a .jsonl/.json/.parquet file (of code problems when its rows have tests), a dataset by name (org/name[:config[:split]]) or saved folder (needs datasets), or file.py:Class (a tasks.Task); several, comma-separated, for a mixed run
     data_weights: str = ""  # mixed run: each --data source's share of the training prompts, comma-separated (0.5,0.3,0.2), normalised; "" = equal
     reward: str = ""  # grader of a data file: file.py:function (prompt, response, answer) -> float, run bounded; "" = math-verify
     eval_data: str = ""  # held-out file; built-in tasks use their own held-out split; mixed run: one entry per source, comma-separated, empty for a built-in task
@@ -102,6 +104,9 @@ class RunConfig:
     max_observation_tokens: int = 256  # tokens of one observation (a tool's output); the rest is cut
     max_trace_tokens: int = 0  # a trace's context at most: query, turns, observations and the next turn's budget; 0 = no cap
     env_timeout: float = 10.0  # seconds per step of a path/file.py:Class environment; over it the trace scores 0, counted
+    env_budget: float = 0.0  # a path/file.py:Class environment's round of turns on a rank ends once it has answered no step for this many seconds (0: env_timeout); the steps left score 0, counted
+    env_fail_fraction: float = 1.0  # a training step in which at least this fraction of traces failed in the environment counts as failing
+    env_fail_steps: int = 1  # that many failing steps in a row stop the run, quoting the environment's first error; 0 = never
     # --- batch shaping (DAPO)
     mask_truncated: bool = False  # truncated responses get loss mask 0 (overlong filtering)
     overlong_penalty: bool = False  # soft length penalty added to the reward
@@ -122,6 +127,7 @@ class RunConfig:
     save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
     keep_checkpoints: int = 0  # keep only the newest this-many checkpoints; 0 = keep all
     log_samples: int = 2  # completions written to samples.jsonl per step
+    report_to: str = "tensorboard"  # trackers that get every metric besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio (pip install each of the last two; extras/trackers.py); none = metrics.jsonl alone
     # --- system
     parallel: str = "auto"  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded over ranks) | auto: fsdp on CUDA, else ddp
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16: the compute dtype; master weights stay fp32
@@ -310,6 +316,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
+    "env_budget": dict(at_least=0), "env_fail_fraction": dict(above=0), "env_fail_steps": dict(at_least=0),
 }
 CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files (sandbox_*: --env python too)
 # A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics
@@ -342,10 +349,26 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
          f"overlong_cache must be in [0, {response_tokens(cfg)}] (the response budget; 0 = a fifth of it)"),
         (cfg.lora_rank > 0 or not (cfg.lora_targets or cfg.lora_save_merged),
          "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
+        (all(name in TRACKERS for name in trackers(cfg)),
+         f"report_to={cfg.report_to!r}: name trackers among {', '.join(TRACKERS)}, comma-separated, or none"),
         (cfg.engine != "hf" or cfg.engine_compile == "auto",
          f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine hf generates with HF generate: "
          f"give --engine fast, or drop --engine-compile"),
     ]
+
+
+def trackers(cfg: RunConfig) -> list[str]:
+    """The trackers --report-to names, in order: "tensorboard, wandb" -> ["tensorboard", "wandb"]; "none" -> []."""
+    return [] if cfg.report_to == "none" else [name.strip() for name in cfg.report_to.split(",")]
+
+
+def require_trackers(cfg: RunConfig) -> None:
+    """Stop before any model loads when a tracker that --report-to names is not installed, with the pip
+    command: --report-to wandb without wandb -> "--report-to wandb needs wandb, not installed here: pip install wandb"."""
+    missing = [name for name in trackers(cfg) if importlib.util.find_spec(name) is None]  # package = module name
+    if missing:
+        raise DataError(f"--report-to {cfg.report_to} needs {' and '.join(missing)}, not installed here: "
+                        f"pip install {' '.join(missing)}")
 
 
 def markovian_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
@@ -544,7 +567,8 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
 
     turns = Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
     shape = MultiTurn(environment_for(cfg.env, turns, tokenizer, cfg.chat_template, cfg.env_timeout,
-                                      (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory)), turns)
+                                      (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory), cfg.env_budget), turns,
+                      (cfg.env_fail_fraction, cfg.env_fail_steps))
     return shape, shape
 
 

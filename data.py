@@ -1,9 +1,9 @@
 """--data -> the run's task, training problems and held-out problems, read and checked before any
 model is loaded (train.py and eval.py alike).
 
-A source is a built-in task or a task of your own (tasks.py), a data file (grading/files.py) or a
-file of code problems (grading/code.py), imported only then; several sources make one mixed task
-(extras/mixed.py).
+A source is a built-in task or a task of your own (tasks.py), a data file, a saved dataset folder or a
+Hub dataset by name (grading/files.py), or a file of code problems (grading/code.py), imported only then;
+several sources make one mixed task (extras/mixed.py).
 """
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
               grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
               reward: str = "", code: dict | None = None) -> Task:
     """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
-    problems (CodeTask, built with `code`, its keyword arguments), or any other data file (graded
-    by math-verify, or by the --reward function)."""
+    problems (CodeTask, built with `code`, its keyword arguments), or any other data file, a saved dataset
+    folder or a Hub dataset org/name[:config[:split]] (graded by math-verify, or by the --reward function)."""
     if data in TASKS:
         return TASKS[data](dict(sum_min_terms=sum_min_terms, sum_max_terms=sum_max_terms, sum_digits=sum_digits))
     if plugin_spec(data):
@@ -80,9 +80,9 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
         from grading.code import CodeTask  # the sandbox is imported only when a run has code problems
 
         return CodeTask(data, workers=grade_workers, budget=grade_budget, **(code or {}))
-    if data.endswith((".jsonl", ".json", ".parquet")) or Path(data).exists():
-        from grading.files import FileTask  # its rows, their golds, graded by math-verify or --reward
+    from grading.files import DATA_SUFFIXES, FileTask, is_dataset_name  # rows, golds, math-verify or --reward
 
+    if data.endswith(DATA_SUFFIXES) or Path(data).exists() or is_dataset_name(data):
         return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
-                    f"file, nor path/to/file.py:Class")
+                    f"file, a saved dataset folder, a Hub dataset org/name[:config[:split]], nor path/to/file.py:Class")

@@ -55,14 +55,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def majority(samples: list[dict]) -> tuple[str | None, float]:
-    """(most frequent extracted answer, its reward); a tie goes to the answer seen first, and
-    responses without an answer do not vote. Answers 5, 7, 7, None rewarded 1, 0, 0, 0 -> ("7", 0.0)."""
+def majority(samples: list[dict]) -> tuple[str | None, dict | None]:
+    """(most frequent extracted answer, the first sample that gave it); a tie goes to the answer seen
+    first, and responses without an answer do not vote. Answers 5, 7, 7, None -> ("7", the 2nd sample)."""
     votes = Counter(s["answer"] for s in samples if s["answer"] is not None)
     if not votes:
-        return None, 0.0
+        return None, None
     top = votes.most_common(1)[0][0]  # most_common keeps first-seen order among equal counts
-    return top, next(s["reward"] for s in samples if s["answer"] == top)
+    return top, next(s for s in samples if s["answer"] == top)
 
 
 def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
@@ -74,38 +74,44 @@ def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
         e.settle(v)
         trace = ({"transcript": e.transcript} if e.transcript else
                  {"chunks": e.chunk_texts(tokenizer)} if len(e.chunks) > 1 else {})
-        records.append({**sample_record(e.text, replace(v, reward=e.reward, details=e.details)),
+        records.append({**sample_record(e.text, replace(v, details=e.details), reward=e.reward),
                         "length": len(e.response_ids), "truncated": e.truncated, **trace})
     return records
 
 
-def sample_record(response: str, verdict) -> dict:
-    """A graded response as problems.jsonl keeps it, with the grader's details when it has some."""
-    return {"response": response, "answer": verdict.answer, "reward": verdict.reward, "failure": verdict.failure,
-            **({"details": verdict.details} if verdict.details else {})}
+def sample_record(response: str, verdict, reward: float | None = None) -> dict:
+    """A graded response as problems.jsonl keeps it, with the grader's details when it has some.
+    reward: what the sample scored, when not the verdict's (a multi-turn trace's environment's).
+    correct: the task's verdict gave full marks (reward ≥ 1) to the response (a trace: its last
+    turn), what pass@k and maj@n count; an environment's reward (1/k for a right answer at attempt
+    k: examples/env_retry.py) shapes training and avg@n, and a right final answer is correct at any
+    attempt."""
+    return {"response": response, "answer": verdict.answer,
+            "reward": verdict.reward if reward is None else reward, "correct": verdict.reward >= 1.0,
+            "failure": verdict.failure, **({"details": verdict.details} if verdict.details else {})}
 
 
 def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | None) -> dict:
     """One problem's responses and its per-problem metrics (the rows of problems.jsonl), with the problem's id
     where it has one."""
-    n, c = len(samples), int(sum(s["reward"] for s in samples))
-    answer, maj = majority(samples)
+    n, c = len(samples), sum(s["correct"] for s in samples)
+    answer, first = majority(samples)
     return {**({"id": problem.id} if problem.id else {}), "prompt": problem.prompt, "gold": problem.answer,
             **({"domain": problem.domain} if problem.domain else {}),
             "correct": c, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
-            "majority_reward": maj, "greedy": greedy, "samples": samples}
+            "majority_correct": bool(first and first["correct"]), "greedy": greedy, "samples": samples}
 
 
 def summarize(records: list[dict], ks: list[int]) -> dict:
-    """Flat eval/ metrics over problems: accuracy (avg@n: mean reward of all samples, = pass@1
-    estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, the number
+    """Flat eval/ metrics over problems: accuracy (avg@n: the mean over all samples of whether each
+    is correct (sample_record), = pass@1 estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, the number
     of gradings that timed out or crashed (scored 0), and the mean of each grader detail. n is
     each problem's number of samples (maj@n is named by the first one's)."""
     n, total = len(records[0]["samples"]), len(records)
     samples = [s for r in records for s in r["samples"]]
     out = {"eval/accuracy": sum(r["correct"] / len(r["samples"]) for r in records) / total}
     out.update({f"eval/pass@{k}": sum(r["pass@k"][str(k)] for r in records) / total for k in ks})
-    out[f"eval/maj@{n}"] = sum(r["majority_reward"] for r in records) / total
+    out[f"eval/maj@{n}"] = sum(r["majority_correct"] for r in records) / total
     greedy = [r["greedy"] for r in records if r["greedy"] is not None]
     if greedy:
         out["eval/greedy"] = sum(g["reward"] for g in greedy) / total
@@ -186,8 +192,9 @@ def parse_args(argv=None):
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every train.py Config field is accepted as well (python train.py --help); "
                "the flags above set the eval_* fields and replace the training flags of the same name.")
-    parser.add_argument("--data", help="a built-in task (its held-out split) or a .jsonl/.json/.parquet file; "
-                                       "several, comma-separated, for per-domain tables")
+    parser.add_argument("--data", help="a built-in task (its held-out split), a .jsonl/.json/.parquet file or a "
+                                       "dataset by name (org/name[:config[:split]], needs datasets); several, "
+                                       "comma-separated, for per-domain tables")
     parser.add_argument("--responses", metavar="FILE", help='grade these responses instead of sampling, e.g. JSONL '
                         'of {"index": problem number from 0, "response": "..."} (shapes above); no model is loaded')
     parser.add_argument("--id-field", default="", metavar="NAME",

@@ -58,6 +58,7 @@ class Episode:
     chunks: list[Chunk] = field(default_factory=list)  # one per generate call (rollout order)
     env_reward: float | None = None  # a multi-turn trace's reward from its environment; None: the task grades
     transcript: str = ""  # a multi-turn trace after its query, observations included (for logs)
+    env_error: str = ""  # what failed, in words, when a multi-turn trace's environment failed
 
     def settle(self, verdict) -> None:
         """Take the grader's verdict (rewards.Verdict), unless the environment rewarded the trace."""
@@ -110,6 +111,14 @@ class Shape:
               sampling: Sampling) -> list[Episode]:
         """The Episode of each query (repeated G times: its problem, its group id), in order."""
         raise NotImplementedError
+
+    def check(self, episodes: list[Episode]) -> None:
+        """After a training step's rollouts (every rank's episodes, gathered): raise RolloutError when
+        the run cannot go on (an environment that fails every trace), before the next rollout."""
+
+
+class RolloutError(Exception):
+    """A run whose rollouts cannot go on; train.py stops with its message, one line."""
 
 
 class Plain(Shape):

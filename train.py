@@ -51,8 +51,8 @@ import data
 from algos import LossInputs
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
-from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config, response_tokens,
-                    rollout_shapes, validate)
+from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
+                    require_trackers, response_tokens, rollout_shapes, trackers, validate)
 from engine import counters, run_counters
 from eval import evaluate
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
@@ -60,7 +60,8 @@ from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_fol
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
                       grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
 from rewards import grade_batch, overlong_penalty
-from rollout import Episode, Sampling, collate, encode_prompts, generate, mismatch_stats, reserve, sampler_correction
+from rollout import (Episode, RolloutError, Sampling, collate, encode_prompts, generate, mismatch_stats, reserve,
+                     sampler_correction)
 from tasks import detail_means
 
 
@@ -433,16 +434,22 @@ def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
 # ============================================================================ logging
 
 class Logger:
-    """Rank 0 writes metrics.jsonl, TensorBoard scalars and samples.jsonl; other ranks are silent.
-    purge_step: TensorBoard hides what an earlier launch logged from this step on (a resume)."""
+    """Rank 0 writes metrics.jsonl and samples.jsonl, and hands every row to the trackers --report-to
+    names: TensorBoard's scalars and sample text here, wandb's and trackio's runs from extras/trackers.py
+    (imported only when named); other ranks are silent. purge_step: TensorBoard hides what an earlier
+    launch logged from this step on (a resume); wandb and trackio continue the run they began."""
 
-    def __init__(self, out: Path, enabled: bool, tokenizer, purge_step: int | None = None):
-        self.enabled, self.tokenizer = enabled, tokenizer
+    def __init__(self, out: Path, enabled: bool, tokenizer, cfg: Config, purge_step: int | None = None):
+        self.enabled, self.tokenizer, names = enabled, tokenizer, trackers(cfg)
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.metrics = (out / "metrics.jsonl").open("a")
             self.samples = (out / "samples.jsonl").open("a")
-            self.tb = SummaryWriter(str(out), purge_step=purge_step)
+            self.tb = SummaryWriter(str(out), purge_step=purge_step) if "tensorboard" in names else None
+            self.runs = []
+            if set(names) - {"tensorboard"}:
+                from extras.trackers import start_runs
+                self.runs = start_runs(names, out=out, cfg=cfg)
 
     def log(self, step: int, metrics: dict, samples: list[Episode] = ()) -> None:
         if not self.enabled:
@@ -450,22 +457,29 @@ class Logger:
         metrics = {k: round(float(v), 6) for k, v in metrics.items()}
         self.metrics.write(json.dumps({"step": step, **metrics}) + "\n")
         self.metrics.flush()
-        for k, v in metrics.items():
-            self.tb.add_scalar(k, v, step)
+        for run in self.runs:  # wandb, trackio
+            run.log(metrics, step=step)
         for e in samples:
             chunks = ({"transcript": e.transcript} if e.transcript else
                       {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
             self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
                                            "response": e.text, "reward": e.reward, **chunks}) + "\n")
-            self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
         self.samples.flush()
-        self.tb.flush()
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+            for e in samples:
+                self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
+            self.tb.flush()
 
     def close(self) -> None:
         if self.enabled:
             self.metrics.close()
             self.samples.close()
-            self.tb.close()
+            for run in self.runs:
+                run.finish()
+            if self.tb is not None:
+                self.tb.close()
 
 
 def peak_memory(device, phase: str) -> dict:
@@ -518,6 +532,7 @@ def preflight(cfg: Config) -> Setup:
         from extras.plan import print_plan
 
         sys.exit(print_plan(cfg))
+    require_trackers(cfg)  # each tracker --report-to names is installed, or its pip command before any load
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
@@ -547,7 +562,7 @@ def main(argv=None) -> None:
         error = ""
         try:
             train(cfg, setup)
-        except (CheckpointError, ModelError) as e:
+        except (CheckpointError, ModelError, RolloutError) as e:
             error = f"error: {e}"
         if error and first:
             print(error, file=sys.stderr, flush=True)
@@ -628,7 +643,7 @@ def train(cfg: Config, setup: Setup) -> None:
     stream = task.stream(setup.train_problems, cfg.seed)
     if start is not None:
         stream.load(state["stream"])
-    logger = Logger(out, rank == 0, tokenizer, purge_step=logged + 1 if cfg.resume else None)
+    logger = Logger(out, rank == 0, tokenizer, cfg, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
         with full_weights(learner.scorer), learner.autocast():
@@ -651,6 +666,7 @@ def train(cfg: Config, setup: Setup) -> None:
         with full_weights(learner.scorer), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
                 lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape)
+        setup.shape.check(generated)  # an environment failing every trace stops the run here
         metrics.update(peak_memory(device, "rollout"))
         t1 = time.perf_counter()
         if episodes:

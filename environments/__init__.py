@@ -33,6 +33,7 @@ length/observation (observation tokens), env/failures.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -88,32 +89,36 @@ class ToolEnvironment(Environment):
         """(where it starts, its argument) of the turn's last call in the tool's plain form."""
         raise NotImplementedError
 
-    def call(self, turn: str) -> str | None:
-        """The argument of the turn's last call, in either form; None without one."""
+    def call(self, turn: str) -> tuple[str | None, int]:
+        """(the argument of the turn's last call, in either form, or None without one; how many
+        <tool_call> bodies could not be read as a call of this tool)."""
         plain = self.plain_call(turn)
-        calls = [plain] if plain else []
+        calls, unread = [plain] if plain else [], 0
         for m in TOOL_CALL.finditer(turn):
             body = m.group(1) if len(m.group(1)) <= self.MAX_CALL_CHARS else ""
             try:
                 call = json.loads(body)
             except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-                continue
+                call = None
             args = call.get("arguments") if isinstance(call, dict) and call.get("name") == self.name else None
             if isinstance(args, dict) and isinstance(args.get(self.argument), str):
                 calls.append((m.start(), args[self.argument]))
-        return max(calls)[1] if calls else None
+            else:
+                unread += 1
+        return (max(calls)[1] if calls else None), unread
 
     def run(self, code: str) -> tuple[str, bool]:
         """(output, whether the tool failed)."""
         raise NotImplementedError
 
     def step(self, turn: str) -> Step:
-        code = self.call(turn)
+        code, unread = self.call(turn)
         if code is None:
-            return Step()
+            return Step(details={"tools/parse_errors": unread})
         output, failed = self.run(code)
         correct = not failed and output.strip() == self.problem.answer.strip()
-        return Step(output, details={"tools/calls": 1, "tools/errors": int(failed), "tools/correct": int(correct)})
+        return Step(output, details={"tools/calls": 1, "tools/errors": int(failed), "tools/correct": int(correct),
+                                     "tools/parse_errors": unread})
 
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
@@ -202,7 +207,7 @@ class WorkerEnvironment(Environment):
         self.turns.append(turn)
         reply, failure = self.pool.step(self.key, self.problem, self.turns)
         if reply is None:
-            raise EnvironmentFailed(failure)
+            raise EnvironmentFailed(self.pool.messages.pop(self.key, failure))
         return Step(reply["observation"], reply["reward"], reply["details"])
 
 
@@ -220,7 +225,10 @@ class Turns:
     max_tokens: int = 0  # a trace's context at most: query + turns + observations + the next turn's budget; 0 = no cap
 
 
-OWN = {"env/failures", "length/observation", "turns/mean"}  # what the rollout counts; an environment's details may not
+# why a trace ended: the environment said done (or failed), the tool environment found no call in the
+# turn, the turn cap, the context cap (--max-trace-tokens or the model's), a turn cut at max_new_tokens
+STOPS = ("done", "failed", "no_call", "max_turns", "context", "length")
+OWN = {"env/failures", "length/observation", "turns/mean", *(f"stop/{s}" for s in STOPS)}  # what the rollout counts; an environment's details may not
 
 
 class Session:
@@ -233,9 +241,11 @@ class Session:
         self.env, self.render, self.cap = env, render, cap
         self.reward: float | None = None  # the environment's reward for the trace, if it gave one
         self.cut = False  # the rollout's caps stopped the trace while the environment still answered
+        self.stop = ""  # why the trace ended: one of STOPS (environments/rollout.py's interact sets it)
+        self.error = ""  # what failed, in words, when the environment failed
         self.pending: dict = {}  # the numbers of the last observation, until it reaches the model
-        self.details = {"tools/calls": 0, "tools/errors": 0, "tools/correct": 0, "length/observation": 0,
-                        "env/failures": 0}
+        self.details = {"tools/calls": 0, "tools/errors": 0, "tools/correct": 0, "tools/parse_errors": 0,
+                        "length/observation": 0, "env/failures": 0}
 
     def answer(self, turn: str) -> list[int] | None:
         """The observation's ids, or None: the trace is done (with the environment's reward, or 0 and
@@ -253,12 +263,14 @@ class Session:
                 raise EnvironmentFailed(f"details may not set {', '.join(sorted(set(numbers) & OWN))}")
             ids = None if step.observation is None else \
                 self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
-        except Exception:  # noqa: BLE001 - an environment's bug (or text no tokenizer takes) ends its trace, never the run
-            self.reward, self.details["env/failures"] = 0.0, 1
+        except Exception as e:  # noqa: BLE001 - an environment's bug (or text no tokenizer takes) ends its trace, never the run
+            self.reward, self.details["env/failures"], self.stop = 0.0, 1, "failed"
+            self.error = f"{type(e).__name__}: {e}" if not isinstance(e, EnvironmentFailed) else str(e)
             return None
         if ids is None:
             self.reward = None if step.reward is None else float(step.reward)
             self.count(numbers)
+            self.stop = "no_call" if isinstance(self.env, ToolEnvironment) else "done"
             return None
         self.pending = {**numbers, "length/observation": len(ids)}
         return ids
@@ -335,16 +347,21 @@ class Environments:
     schemas to list in the prompt through the chat template (the built-in tools; None for a user's
     class, whose prompt is the task's)."""
 
-    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=()):
-        self.make, self.render, self.cap, self.tools = make, render, cap, tools
+    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=(), pool=None):
+        self.make, self.render, self.cap, self.tools, self.pool = make, render, cap, tools, pool
         self.warnings = tuple(notes)  # said once by train.py and eval.py (a sandbox weaker than bubblewrap)
 
     def __call__(self, problem: Problem) -> Session:
         return Session(self.make(problem), self.render, self.cap)
 
+    def round(self):
+        """What one round of turns runs in: a user's class, its budget (UserEnvironment.round); the
+        built-in tools bound each call themselves (the sandbox's limits)."""
+        return self.pool.round() if self.pool is not None else contextlib.nullcontext()
+
 
 def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0,
-                    sandbox: tuple = ("auto", 5.0, 1024)):
+                    sandbox: tuple = ("auto", 5.0, 1024), budget: float = 0.0):
     """--env spec -> Environments (None for "", the single-turn rollout). Checked here, before any
     model loads: a user's class (its file read, one worker started), the python tool's sandbox
     (`sandbox`: --sandbox, --sandbox-timeout, --sandbox-memory); a DataError names what is wrong."""
@@ -358,6 +375,6 @@ def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, tim
     if plugin_spec(spec) is None:
         raise DataError(f"--env {spec!r}: give calculator, python or path/to/file.py:Class")
     from environments.worker import UserEnvironment
-    pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN)
+    pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN, budget=budget)
     pool.check()
-    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap)
+    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap, pool=pool)

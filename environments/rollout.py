@@ -8,20 +8,25 @@ config.rollout_shapes builds a `MultiTurn` from --env and its caps; rollout.gene
 """
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import rollout
-from environments import Environments, Turns
+from environments import STOPS, Environments, Turns
 from rewards import Problem
-from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, stop_ids
+from rollout import Chunk, Episode, RolloutError, Sampling, Shape, ends, episodes, stop_ids
 
 
 @dataclass
 class MultiTurn(Shape):
-    """Turns with an environment: `environments` makes each trace's Session, `turns` caps the trace."""
+    """Turns with an environment: `environments` makes each trace's Session, `turns` caps the trace;
+    `give_up`: (fraction, steps): `steps` training steps in a row in which at least `fraction` of the
+    traces failed in the environment stop the run (check); steps 0 = never."""
     environments: Environments
     turns: Turns
+    give_up: tuple[float, int] = (1.0, 1)
+    failing: int = 0  # training steps in a row so far that failed as give_up says
 
     @property
     def tools(self) -> list[dict] | None:
@@ -36,21 +41,40 @@ class MultiTurn(Shape):
     def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
               sampling: Sampling) -> list[Episode]:
         sessions = [self.environments(p) for p in problems]
-        traces = interact(lm, tokenizer, queries, sessions, sampling, self.turns)
+        # an Environments' rounds run under its budget; any other callable that makes Sessions, as they come
+        rounds = getattr(self.environments, "round", contextlib.nullcontext)
+        traces = interact(lm, tokenizer, queries, sessions, sampling, self.turns, rounds)
         batch = episodes(tokenizer, queries, traces, groups, problems)
         for e, session in zip(batch, sessions):
             settle_trace(e, session, tokenizer)
         return batch
 
 
-def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns) -> list[list[Chunk]]:
+    def check(self, episodes: list[Episode]) -> None:
+        """Stop the run with the environment's first error once it has failed too often: `give_up`.
+        A step whose 128 traces all raised "ValueError: the tool server is down" (give_up (1.0, 1)) ->
+        RolloutError("... 128 of 128 traces failed ...: ValueError: the tool server is down")."""
+        fraction, steps = self.give_up
+        failed = [e for e in episodes if e.details.get("env/failures")]
+        self.failing = self.failing + 1 if episodes and len(failed) >= fraction * len(episodes) else 0
+        if steps and self.failing >= steps:
+            first = next((e.env_error for e in failed if e.env_error), "no message")
+            raise RolloutError(f"the environment failed {len(failed)} of {len(episodes)} traces"
+                               f"{f' in each of {steps} steps in a row' if steps > 1 else ''} (--env-fail-fraction "
+                               f"{fraction:g}, --env-fail-steps {steps}); the first: {first}")
+
+
+def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns,
+             rounds=contextlib.nullcontext) -> list[list[Chunk]]:
     """Each query's multi-turn trace, in one `rollout.sample` call per turn over the
     traces still going. A turn that ends with a stop id goes to its trace's session; an observation
     comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
     the observation, so every turn's row holds exactly the context it was written in. A trace ends
-    when its session says done, when a turn ends without a stop id (cut by max_new_tokens), at
-    turns.max_turns, or when its next context plus a turn would pass turns.max_tokens or the
-    model's context (max_position_embeddings).
+    when its session says done (or fails), when a turn ends without a stop id (cut by
+    max_new_tokens), at turns.max_turns, or when its next context plus a turn would pass
+    turns.max_tokens or the model's context (max_position_embeddings); session.stop says which
+    (environments.STOPS). The sessions' answers to one round of turns run inside `rounds()` (a
+    user's class: under one budget, Environments.round).
     q = [1, 2], turn 1 writes [7, eos], the observation is [5]: turn 2's prompt is [1, 2, 7, eos, 5].
 
     Each turn re-prefills its whole context (the engine and HF generate alike): the prefix cache of
@@ -66,13 +90,18 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
         for i, (new, logp) in zip(going, rollout.sample(lm, tokenizer, [contexts[i] for i in going], sampling)):
             traces[i].append(Chunk(contexts[i], new, logp))
         asked = [i for i in going if ends(traces[i][-1].response_ids, stops)]
+        for i in set(going) - set(asked):
+            sessions[i].stop = "length"
         still = []
-        for i, observation in zip(asked, answers(tokenizer, [sessions[i] for i in asked],
-                                                  [traces[i][-1].response_ids for i in asked])):
+        with rounds():
+            replies = answers(tokenizer, [sessions[i] for i in asked], [traces[i][-1].response_ids for i in asked])
+        for i, observation in zip(asked, replies):
             if observation is None:
                 continue
             context = contexts[i] + traces[i][-1].response_ids + observation
-            sessions[i].cut = turn + 1 == turns.max_turns or bool(most) and len(context) + sampling.max_new_tokens > most
+            full = bool(most) and len(context) + sampling.max_new_tokens > most
+            sessions[i].cut = turn + 1 == turns.max_turns or full
+            sessions[i].stop = "max_turns" if turn + 1 == turns.max_turns else "context" if full else ""
             if not sessions[i].cut:
                 sessions[i].seen()
                 contexts[i] = context
@@ -108,4 +137,6 @@ def settle_trace(e: Episode, session, tokenizer) -> None:
     e.text = tokenizer.decode(last.response_ids, skip_special_tokens=True)
     e.transcript = tokenizer.decode(last.prompt_ids[len(e.prompt_ids):] + last.response_ids)
     e.truncated = e.truncated or session.cut
-    e.env_reward, e.details = session.reward, {**session.details, "turns/mean": len(e.chunks)}
+    stopped = {f"stop/{reason}": float(reason == session.stop) for reason in STOPS}
+    e.env_reward, e.details = session.reward, {**session.details, **stopped, "turns/mean": len(e.chunks)}
+    e.env_error = session.error

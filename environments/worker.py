@@ -23,7 +23,7 @@ JSON lines, one reply per request:
 
     request  {"key": str, "problem": {Problem's fields}, "turns": [every model turn so far], "max_chars": n}
     reply    {"observation": str | None, "reward": float | None, "details": {str: float}}
-             or {"failure": "error" | "invalid"}
+             or {"failure": "error" | "invalid", "message": the exception's last line, or what broke the contract}
 
 The child keeps, per key, the environment, the number of turns it has applied, and a digest of the
 problem and those turns; when these do not match the request (a new trace, a restarted worker, an evicted
@@ -44,15 +44,19 @@ import hashlib
 import json
 import sys
 import threading
+import time
 import traceback
 import zlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from grading.pool import GradingWorker, import_plugin, module_command, plugin_syntax, protocol_stdout
 from rewards import DataError, Problem, is_reward, plugin_spec
 
 MAX_ENVS = 4096  # live environments a worker keeps; bounds its memory whatever the number of traces
+MAX_MESSAGE = 300  # characters of a failure's message (an exception's last line) sent back
 
 
 class _Held(OrderedDict):
@@ -77,14 +81,17 @@ class UserEnvironment:
     first step's). The class's contract: the module docstring. Step traces from several threads to use
     several workers at once; the traces of one worker step one at a time."""
 
-    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 2, max_chars: int = 65536):
-        if workers < 1 or timeout <= 0 or max_chars < 0:
+    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 2, max_chars: int = 65536,
+                 budget: float = 0.0):
+        if workers < 1 or timeout <= 0 or max_chars < 0 or budget < 0:
             raise ValueError(f"UserEnvironment: workers {workers} (>= 1), timeout {timeout} (> 0), "
-                             f"max_chars {max_chars} (>= 0)")
-        self.spec, self.max_chars = spec, max_chars
+                             f"max_chars {max_chars} (>= 0), budget {budget} (>= 0)")
+        self.spec, self.max_chars, self.timeout, self.budget = spec, max_chars, timeout, budget or timeout
         path, name = plugin_spec(spec) or (Path(spec), "")  # a bad spec fails check(), or each step as "error"
         command = module_command("environments.worker", "--env-worker", str(path), name)
         self.workers = [EnvWorker(command, timeout) for _ in range(workers)]
+        self.deadline: float | None = None  # the current round's end (`round`); None: each step its timeout
+        self.messages: dict[str, str] = {}  # a trace's last failure, said in words (`failure`)
 
     def check(self) -> None:
         """Read the spec and the file's syntax (without running it), then start one worker, so that a
@@ -109,7 +116,39 @@ class UserEnvironment:
         if not turns:
             raise ValueError(f"UserEnvironment.step: trace {key!r} has no turn to answer")
         worker = self.workers[zlib.crc32(key.encode("utf-8", "surrogatepass")) % len(self.workers)]
-        return worker(key, problem, turns, self.max_chars)
+        reply, failure = worker(key, problem, turns, self.max_chars, lambda: self.deadline)
+        if failure:
+            self.messages[key] = self.said(failure, reply)
+            return None, failure
+        if self.deadline is not None:  # progress: the round goes on for another budget
+            self.deadline = time.monotonic() + self.budget
+        return reply, ""
+
+    @contextmanager
+    def round(self):
+        """One round of turns (every trace's latest turn, from several threads) under one budget: it
+        ends once the environment has answered no step for `budget` seconds (default: one timeout),
+        and a step still waiting then fails "budget" at once (a worker still stepping is killed).
+        So a hanging environment costs about one timeout a round, whatever the number of traces,
+        not one a trace, while a sound one (each answer moves the end on) is never cut, however
+        many traces a worker steps in turn. The clock starts once the workers run (a worker's
+        start is no step's fault)."""
+        with ThreadPoolExecutor(len(self.workers)) as threads:
+            list(threads.map(EnvWorker.start, self.workers))
+        self.deadline = time.monotonic() + self.budget
+        try:
+            yield
+        finally:
+            self.deadline = None
+
+    def said(self, failure: str, reply: dict | None) -> str:
+        """A failure in words: the environment's own message (its exception's last line, or how its
+        step broke the contract) where it sent one."""
+        if reply and reply.get("message"):
+            return reply["message"]
+        return {"timeout": f"a step took longer than --env-timeout {self.timeout:g} s",
+                "budget": f"no step of its round of turns was answered for {self.budget:g} s (--env-budget)",
+                "error": "its worker process died or would not start"}.get(failure, failure)
 
     def close(self) -> None:
         """Stop the workers; a later step starts them again."""
@@ -126,14 +165,19 @@ class EnvWorker(GradingWorker):
         self._held_by = None  # the worker process the mirror describes
         self._step_lock = threading.Lock()  # the mirror is read before a request and updated after it
 
-    def __call__(self, key: str, problem: Problem, turns: list[str], max_chars: int) -> tuple[dict | None, str]:
+    STARTUP_S = 30.0  # from start to "ready": importing the file; one that hangs fails the start-up check
+
+    def __call__(self, key: str, problem: Problem, turns: list[str], max_chars: int,
+                 deadline=lambda: None) -> tuple[dict | None, str]:
+        """(reply, "") or (the failure reply or None, failure). deadline(): the round's end as it stands
+        when this step's turn at the worker comes (each answer before it may have moved it on)."""
         fields = dataclasses.asdict(problem)
         with self._step_lock:
             if self._proc is None or self._proc is not self._held_by:  # a new worker holds nothing yet
                 self._held.clear()
             held = self._held.get(key) == _digest(fields, turns[:-1])
             request = {"key": key, "problem": fields, "turns": turns, "max_chars": max_chars}
-            reply, failure = self.ask(request, limit=self.timeout * (1 if held else len(turns)))
+            reply, failure = self.ask(request, deadline(), limit=self.timeout * (1 if held else len(turns)))
             self._held_by = self._proc
             if reply is None or "failure" in reply or reply["observation"] is None:
                 self._held.pop(key, None)  # the child dropped it (or died)
@@ -142,7 +186,7 @@ class EnvWorker(GradingWorker):
         if reply is None:
             return None, failure
         if "failure" in reply:
-            return None, reply["failure"]
+            return reply, reply["failure"]
         return reply, ""
 
 
@@ -197,11 +241,11 @@ def _answer(envs: _Held, cls, request: dict, path: str) -> str:
         reply = _checked(env.step(turns[-1]), request["max_chars"])
     except _Invalid as e:
         print(f"env_worker: {path} trace {key!r:.200}: invalid step: {e}", file=sys.stderr, flush=True)
-        return json.dumps({"failure": "invalid"})
+        return json.dumps({"failure": "invalid", "message": f"invalid step: {e}"[:MAX_MESSAGE]})
     except Exception as e:  # noqa: BLE001 - a bug in the environment fails its trace, not the worker
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         print(f"env_worker: {path} trace {key!r:.200}: {last}", file=sys.stderr, flush=True)
-        return json.dumps({"failure": "error"})
+        return json.dumps({"failure": "error", "message": last[:MAX_MESSAGE]})
     if reply["observation"] is not None:  # a done trace, or a failed one (its state unknown), is dropped
         envs.put(key, (env, _digest(fields, turns)))
     return json.dumps(reply)

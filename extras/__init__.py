@@ -4,6 +4,8 @@
     plan.py       the per-GPU memory plan, from the config alone: --plan
     mixed.py      several data sources in one run, with their weights: --data a,b --data-weights ...
     markovian.py  Markovian thinking, the rollout's shape that writes a trace in chunks: --max-chunks I
+    trackers.py   wandb and trackio beside TensorBoard: --report-to tensorboard,wandb,trackio
+    plot.py       runs' metrics as a PNG or SVG: python -m extras.plot RUN [RUN ...] --out fig.svg
 
 The default run imports none of these.
 """

@@ -1,17 +1,34 @@
-"""Data files of problems: JSONL, a JSON list, or parquet when pyarrow is installed (`--data FILE`).
+"""Problems from data files (`--data FILE`: JSONL, a JSON list, or parquet when pyarrow is installed) and from
+datasets read through HF `datasets` when it is installed: a folder that `save_to_disk` wrote, or a Hub dataset
+by name, `--data openai/gsm8k:main:test` (org/name[:config[:split]]; offline, from the local cache).
 
-`load_file` reads a file's rows in the usual schemas: GSM8K question/answer ("#### x"), MATH500
+`load_file` reads a source's rows in the usual schemas: GSM8K question/answer ("#### x"), MATH500
 problem/answer/solution, AIME/AMC problem or question with answer, OlympiadBench's final_answer
-lists, verl's chat prompt with reward_model.ground_truth; every problem is named by file and line.
-`FileTask` is the task of such a file: graded by HF math-verify with the answer rules of
+lists, verl's chat prompt with reward_model.ground_truth, Qwen2.5-Math's query/gt; every problem is named
+by its source and line (row).
+
+Qwen2.5-Math's evaluation files (QwenLM/Qwen2.5-Math, evaluation/data/NAME/test.jsonl) and the records its
+math_eval.py writes (idx, question, gt_cot, gt and the source's answer; its eval_rm_maj_example adds query, the
+question again) are read as its evaluation reads them (parser.py: parse_question, parse_ground_truth) in gsm8k
+(question, answer "... #### x"), math and minerva_math (problem, solution, and answer where there is one), aime24
+and amc23 (problem, answer), olympiadbench (question, final_answer), college_math, gaokao2024_I, gaokao2024_II,
+gaokao_math_cloze and cmath (question, answer); a record's answer is read before its gt, Qwen's own stripped form
+of it ("4:15p.." for "\\text{4:15 p.m.}"). Refused: gaokao2023en (its lines 168 and 193 have an empty answer),
+svamp (Body, Question, Answer), mawps (input, target), carp_en (content), and the multiple-choice aqua, sat_math,
+mmlu_stem and gaokao_math_qa (CHOICE_FIELDS). Read otherwise than by Qwen's evaluation: asdiv (the question
+without its body, and "9 (apples)" as the gold), tabmwp (the question without its table; a row with choices is
+refused), cn_middle_school and gaokao2024_mix (their answer, where Qwen grades choice_answer when a row has one).
+
+`FileTask` is the task of such a source: graded by HF math-verify with the answer rules of
 grading/math_answers.py, or by your own `--reward path/to/file.py:function`, both in worker
 processes under a time limit (grading/pool.py). A file of code problems, told apart by its first
-row (`is_code_file`), is grading/code.py's. data.py imports this module only when --data names a file.
+row (`is_code_file`), is grading/code.py's. data.py imports this module only when --data names no task.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 from grading.math_answers import gold_answer
@@ -19,16 +36,21 @@ from grading.pool import MathGraderPool, RewardFunction
 from rewards import DataError, Problem, Verdict
 from tasks import Task
 
-PROMPT_FIELDS = ("prompt", "problem", "question")
+PROMPT_FIELDS = ("prompt", "problem", "question", "query")  # query: Qwen2.5-Math's records (its question there)
 # Where a row keeps its gold answer, read in this order: the three names an error asks for, each with the spellings
 # of common datasets (OlympiadBench and DeepMath: final_answer; NVIDIA's OpenMathReasoning: expected_answer; verl
-# rows: reward_model.ground_truth). Not read: target and label, which hold other things in common datasets
-# (Countdown's number to reach, a class index, a whole reference response).
+# rows: reward_model.ground_truth; Qwen2.5-Math's records: gt, after their answer). Not read: target and label, which
+# hold other things in common datasets (Countdown's number to reach, a class index, a whole reference response).
 ANSWER_FIELDS = {"answer": ("answer", "final_answer", "expected_answer"),
                  "ground_truth": ("ground_truth", "gt", "reward_model.ground_truth"),
                  "solution": ("solution",)}  # a worked solution: its last \boxed{} (MATH)
 PARTS_FIELDS = ("final_answer",)  # where a list is the parts of one answer (a list under ground_truth may be aliases)
 ID_FIELDS = ("id", "idx", "unique_id")  # a row's own id, kept in Problem.id
+# Where a multiple-choice row keeps its choices (MMLU: choices, its answer their index; AQuA, SAT: options). The prompt
+# field lacks them and the gold may be an index, so such a row is refused rather than graded against the wrong thing.
+CHOICE_FIELDS = ("choices", "options")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATASET_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*){0,2}")  # org/name[:config[:split]], as the Hub names them
 
 
 class FileTask(Task):
@@ -67,35 +89,82 @@ class FileTask(Task):
 
 
 def load_file(path: str) -> list[Problem]:
-    """Problems from .jsonl (one object per line), .json (a list of objects) or .parquet (needs
-    pyarrow). A row's prompt is the first of PROMPT_FIELDS it has; its gold answer the first of the
-    ANSWER_FIELDS spellings, through grading.math_answers.gold_answer; its id (Problem.id) the first of ID_FIELDS,
-    as str() writes it. A list under final_answer is the parts of one answer: one part is the answer,
-    several reach the grader as one gold string with a \\boxed{} each, every part required:
+    """Problems from .jsonl (one object per line), .json (a list of objects), .parquet (needs
+    pyarrow) or a dataset through HF `datasets` (`dataset_rows`). A row's prompt is the first of PROMPT_FIELDS it
+    has; its gold answer the first of the ANSWER_FIELDS spellings, through grading.math_answers.gold_answer; its id
+    (Problem.id) the first of ID_FIELDS, as str() writes it. A list under final_answer is the parts of one answer:
+    one part is the answer, several reach the grader as one gold string with a \\boxed{} each, every part required:
 
         {"question": "2+2?", "final_answer": ["4"], "idx": 7} -> Problem("2+2?", gold_answer("4"), id="7")
         {"problem": "x, y?", "final_answer": ["3", "5"]} -> Problem("x, y?", gold_answer("\\boxed{3} \\boxed{5}"))
         {"prompt": [{"role": "user", "content": "x?"}], "reward_model": {"ground_truth": "3"}} -> Problem("x?", "3")
+        {"idx": 3, "query": "2+3?", "gt_cot": "...", "gt": "5"} -> Problem("2+3?", "5", id="3")
 
-    Every error names the file, the line (row), the field and the fields the line has."""
-    return [Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno), answer=row_gold(row, path, lineno),
-                    id=row_id(row)) for lineno, row in records(path)]
+    Every error names the source, the line (row), the field and the fields the line has."""
+    return [row_problem(row, path, lineno) for lineno, row in records(path)]
 
 
 def records(path: str) -> list[tuple[int, dict]]:
-    """(line or row number from 1, object) of each row of a data file, which must exist, hold
-    only objects and not be empty."""
+    """(line or row number from 1, object) of each row of a data file, a saved dataset folder or a Hub
+    dataset (`dataset_rows`), which must exist, hold only objects and not be empty."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{path}: no such file (give --data running_sum, countdown, or a "
-                        f".jsonl/.json/.parquet path)")
-    rows = _rows(p)
+    if is_saved_dataset(p) or is_dataset_name(path):
+        rows = dataset_rows(path)
+    elif p.is_file():
+        rows = _rows(p)
+    else:
+        raise DataError(f"{path}: no such file (give --data running_sum, countdown, a .jsonl/.json/.parquet path, "
+                        f"a folder that datasets' save_to_disk wrote, or a Hub dataset org/name[:config[:split]])")
     for lineno, row in rows:
         if not isinstance(row, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
     if not rows:
         raise DataError(f"{path}: the dataset is empty (no rows)")
     return rows
+
+
+def is_dataset_name(value: str) -> bool:
+    """Whether a --data value names a Hub dataset, org/name with an optional :config and :split (DATASET_NAME),
+    rather than a data file or a path here: "openai/gsm8k:main:test" -> True; "data/aime.jsonl", "running_sum",
+    "a/b/c" -> False."""
+    return bool(DATASET_NAME.fullmatch(value)) and not value.endswith(DATA_SUFFIXES) and not Path(value).exists()
+
+
+def is_saved_dataset(p: Path) -> bool:
+    """Whether a folder holds a dataset that `datasets` saved: Dataset.save_to_disk writes state.json,
+    DatasetDict.save_to_disk dataset_dict.json (and a folder of each split)."""
+    return (p / "state.json").is_file() or (p / "dataset_dict.json").is_file()
+
+
+def dataset_rows(source: str) -> list[tuple[int, object]]:
+    """(row number from 1, row) of a dataset read through HF `datasets`, imported only here: a saved folder, or a
+    Hub dataset org/name[:config[:split]], downloaded into the datasets cache once and read from there when offline
+    (HF_DATASETS_OFFLINE=1 or no network). Without a split, the dataset's only one: "openai/gsm8k:main" has two
+    (train, test) and is refused, naming them; "openai/gsm8k:main:test" is GSM8K's test split."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{source}: reading a saved dataset or a dataset by name needs the datasets library: "
+                        f"pip install datasets (or give a .jsonl/.json/.parquet file)") from None
+    saved = is_saved_dataset(Path(source))
+    name, config, split = [*source.split(":"), "", ""][:3]
+    try:
+        loaded = (datasets.load_from_disk(source) if saved else
+                  datasets.load_dataset(name, config or None, split=split or None))
+    except ConnectionError:  # datasets' words for "not cached, and the Hub out of reach"
+        offline = datasets.config.HF_DATASETS_OFFLINE  # either variable sets it
+        reach = "offline: HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set" if offline else "no network"
+        raise DataError(f"{source}: no such file or folder here, and not in the local datasets cache "
+                        f"({datasets.config.HF_DATASETS_CACHE}) while the Hub is out of reach ({reach}): load it once "
+                        f"with network, or give a .jsonl/.json/.parquet file") from None
+    except (OSError, ValueError, RuntimeError) as e:  # no such dataset, config or split: datasets says which
+        raise DataError(f"{source}: {' '.join(str(e).split())}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if len(loaded) != 1:
+            named = [f"{source}/{s}" if saved else f"{name}:{config}:{s}" for s in loaded]
+            raise DataError(f"{source}: the dataset has the splits {', '.join(loaded)}; name one: {' or '.join(named)}")
+        (loaded,) = loaded.values()
+    return list(enumerate(loaded.to_list(), 1))
 
 
 def _rows(p: Path) -> list[tuple[int, object]]:
@@ -135,6 +204,18 @@ def _rows(p: Path) -> list[tuple[int, object]]:
             raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg}); each line must be "
                             f"one JSON object") from None
     return rows
+
+
+def row_problem(row: dict, path: str, lineno: int) -> Problem:
+    """A row's Problem (see load_file). A multiple-choice row, one with a field of CHOICE_FIELDS, is refused:
+    {"question": "q", "choices": ["a", "b"], "answer": 1} has no choices in its prompt, and 1 is the second one."""
+    choices = present(row, CHOICE_FIELDS)
+    if choices:
+        raise DataError(f"{path}:{lineno}: field '{choices}' holds the choices of a multiple-choice problem, which its "
+                        f"prompt field lacks and its answer may index; write them into the prompt and the answer as "
+                        f"text; {fields_of(row)}")
+    return Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno), answer=row_gold(row, path, lineno),
+                   id=row_id(row))
 
 
 def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:

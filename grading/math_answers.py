@@ -6,6 +6,11 @@ HF math-verify (docs/math.md, "Grading math answers", gives each rule with its s
   closing **x**, what math-verify finds in the tail, the last number that stands alone (never digits
   inside a word: "H2O").
 - A gold of several parts needs every part, in any order, each matched once (OlympiadBench).
+- A gold written as a list without boxes ("(2, 2), (6, 2)", "\\{1, 2, 3\\}") reads the response's
+  closing run of boxes as one answer, "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}";
+  a box that text separates from the run is a step, never a part.
+- A lone number whose comma cannot group thousands ("1,22", "0,5") also reads as a decimal (1.22);
+  three digits after a comma of a number of up to three digits group thousands ("1,000" is 1000).
 - Times of day are compared as times, not ratios ("4:30 p.m." is not 2/15).
 - A letter the gold uses as a variable is never dropped as a unit ("4t" is not "4"); units stay
   droppable where the gold is a number or a quantity ("10 cm" is 10).
@@ -27,6 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from itertools import accumulate
 
 from rewards import Verdict, extract_tag
 
@@ -71,18 +77,20 @@ def _box_at(text: str, start: int, max_chars: int | None) -> tuple[str, int] | N
     return None
 
 
-# What may stand between the boxes of one answer: spaces, $ delimiters, commas, "and", "or" -- the joins
-# across which math-verify's own parser reads several boxed answers as one set (parser.py, `next_groups`)
-_BOX_GAP = re.compile(r"(?:\s|\$|,|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
+# What may stand between the boxes of one answer: spaces, commas, "and", "or" -- the joins across which
+# math-verify's own parser reads several boxed answers as one set (parser.py, `next_groups`) -- and
+# what only lays them out: math delimiters ($, \( \), \[ \]) and LaTeX spacing (\quad, \qquad, \, \; ~)
+_BOX_GAP = re.compile(r"(?:\s|\$|,|~|\\[()\[\],;:! ]|\\q?quad(?![A-Za-z])|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
 
 
 def last_boxes(text: str, max_chars: int | None = None, most: int | None = None, joined: bool = True) -> list[str]:
     """Contents of the last box (as last_boxed reads it) and of the boxes before it, in order,
     at most `most`. joined: only boxes that _BOX_GAP alone separates from the next one, the parts
-    of one answer: "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$"
-    -> ["7"]. Not joined: any boxes, "(a) \\boxed{3}. (b) \\boxed{5}" -> ["3", "5"]. [] when there is
-    no closed last box. Only the last box raises AnswerTooLong; an earlier box past max_chars, or
-    one that encloses the box after it, ends the list."""
+    of one answer: "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "\\boxed{3} \\quad \\boxed{5}" ->
+    ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$" -> ["7"]. Not joined: any boxes, "(a) \\boxed{3}.
+    (b) \\boxed{5}" -> ["3", "5"]. [] when there is no closed last box. Only the last box raises
+    AnswerTooLong; an earlier box past max_chars, a gap past max_chars (joined), or a box that
+    encloses the box after it, ends the list."""
     found: list[str] = []
     stop = len(text)
     while most is None or len(found) < most:
@@ -93,11 +101,17 @@ def last_boxes(text: str, max_chars: int | None = None, most: int | None = None,
             if not found:
                 raise
             box = None
-        if box is None or box[1] > stop or (found and joined and not _BOX_GAP.fullmatch(text, box[1], stop)):
+        if box is None or box[1] > stop or (found and joined and not _joins(text, box[1], stop, max_chars)):
             break
         found.insert(0, box[0])
         stop = start
     return found
+
+
+def _joins(text: str, end: int, start: int, max_chars: int | None) -> bool:
+    """Whether text[end:start], between two boxes, is only _BOX_GAP, at most max_chars long: a
+    megabyte of spaces between two boxes is read as text, in bounded time."""
+    return (max_chars is None or start - end <= max_chars) and _BOX_GAP.fullmatch(text, end, start) is not None
 
 
 # a comma between a digit and three more that end a number: a thousands separator, not a list's comma
@@ -122,9 +136,39 @@ def answer_parts(answer: str) -> list[str]:
     """The parts of a gold answer every one of which a response must give. Several boxes --
     gold_answer's form of a multi-part answer, "\\boxed{3} \\boxed{5}" -- are the parts, each split
     by split_parts: ["3", "5"]; "\\boxed{1, 2} \\boxed{7}" -> ["1", "2", "7"]. Anything else is one
-    part, which math-verify reads whole: "1, 2, 5" -> ["1, 2, 5"] (a set, as MATH writes it)."""
+    part, which math-verify reads whole: "1, 2, 5" -> ["1, 2, 5"] (a set, as MATH writes it; against
+    such a list the response's closing run of boxes is read, listed_parts)."""
     boxes = last_boxes(answer)
     return [part for box in boxes for part in split_parts(box)] if len(boxes) > 1 else [answer]
+
+
+_DOLLARS = re.compile(r"\$+([^$]*)\$+")  # "$k = 45, n = 2$", as answer fields often write a gold
+_SET_LITERAL = re.compile(r"(?:\\left)?\\?\{(.*?)(?:\\right)?\\?\}", re.DOTALL)  # "\\{1, 2\\}", "{1,2}"
+
+
+def listed_parts(gold: str) -> list[str]:
+    """The parts of a one-part gold written as a list without boxes: its top-level commas
+    (split_parts), or the elements of a set written whole, $ or $$ around either ignored.
+    "(2, 2), (6, 2)" -> ["(2, 2)", "(6, 2)"]; "$k = 45, n = 2$" -> ["k = 45", "n = 2"]; "{1,2,3}" and
+    "\\{1, 2, 3\\}" -> ["1", "2", "3"]; "1,22" -> ["1", "22"] (decimal_reading adds 1.22). One part,
+    not a list: a tuple or an interval, "(1, 2)" and "[0, 1)" (a point is one answer); a number with
+    thousands, "1,000"; two sets, "\\{1\\} \\cup \\{2, 3\\}". Against a list, the worker joins the
+    response's closing run of boxes into one answer (_math_verdict)."""
+    text = _unwrapped(gold)
+    parts = split_parts(text)
+    braces = _SET_LITERAL.fullmatch(text) if len(parts) == 1 else None
+    if braces:
+        # the first brace must close at the end: "\\{1\\} \\cup \\{2, 3\\}" dips below depth 0 inside
+        depths = [0, *accumulate((c in "([{") - (c in ")]}") for c in braces.group(1))]
+        if min(depths) == 0 == depths[-1]:
+            return split_parts(braces.group(1))
+    return parts
+
+
+def _unwrapped(gold: str) -> str:
+    """The gold without the spaces and the $ or $$ around it: " $k = 45$ " -> "k = 45"."""
+    dollars = _DOLLARS.fullmatch(gold.strip())
+    return dollars.group(1).strip() if dollars else gold.strip()
 
 
 # A final-answer statement: "A:" opening a line (the answers of GSM8K's few-shot chain-of-thought
@@ -203,14 +247,23 @@ def _math_worker() -> None:
         print(json.dumps(reply), flush=True)
 
 
-def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | tuple = ()) -> tuple[float, str | None]:
+def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | tuple = (),
+                  run: list | tuple = ()) -> tuple[float, str | None]:
     """(reward, normalised answer): a gold of several parts (answer_parts) against the
-    response's `parts`, else the gold against the response's answer region, else its last number.
-    mv is the math_verify module."""
+    response's `parts`, else the gold against the response's answer region, else its last number,
+    the gold read as written and, failing that, with a decimal comma (decimal_reading). Against a
+    gold written as a list (listed_parts) the region is the response's closing `run` of boxes as
+    one box, which math-verify reads as a set: ["(2, 2)", "(6, 2)"] -> "\\boxed{(2, 2), (6, 2)}"; a
+    run of more than MATH_ANSWER_CHARS in all is not joined. mv is the math_verify module."""
     golds = answer_parts(gold)
     if len(golds) > 1:
         return _parts_verdict(mv, golds, parts)
-    return _judge(mv, gold, region, number)
+    joined = ", ".join(run)
+    if len(run) > 1 and len(joined) <= MATH_ANSWER_CHARS and len(listed_parts(gold)) > 1:
+        region = "\\boxed{" + joined + "}"
+    verdict = _judge(mv, gold, region, number)
+    decimal = decimal_reading(gold)
+    return _judge(mv, decimal, region, number) if decimal and not verdict[0] else verdict
 
 
 def _judge(mv, gold: str, region: str, number: str | None = None) -> tuple[float, str | None]:
@@ -269,13 +322,17 @@ def _parts_verdict(mv, golds: list[str], parts: list[str]) -> tuple[float, str |
 def math_request(response: str, gold: str) -> dict:
     """What a math worker is sent of a response (calculator annotations removed): its answer
     region, its last MAX_PARTS boxes (or its final answer) for a multi-part gold, and the last
-    number of its tail for when the region holds no answer math-verify can read."""
+    number of its tail for when the region holds no answer math-verify can read, and its closing
+    run of boxes (last_boxes, joined: text between boxes makes the earlier ones steps) for a gold
+    written as a list: "Trying \\boxed{(2, 2)}. So \\boxed{(2, 2)} \\quad \\text{and} \\quad
+    \\boxed{(6, 2)}" -> parts ["(2, 2)", "(2, 2)", "(6, 2)"], run ["(2, 2)", "(6, 2)"]."""
     response = CALCULATOR_ANNOTATION.sub("", response)
     region, answer = _final_answer(response)
     boxes = last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS, joined=False)
     numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
     return {"region": region, "gold": gold, "number": numbers[-1].replace(",", "") if numbers else None,
-            "parts": boxes or ([answer] if answer else [])}
+            "parts": boxes or ([answer] if answer else []),
+            "run": last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS)}
 
 
 def _final_answer(response: str) -> tuple[str, str | None]:
@@ -322,6 +379,21 @@ def _tail(text: str, chars: int) -> str:
 
 
 # ----------------------------------------------------------------------------- how the gold reads an answer
+
+_COMMA_NUMBER = re.compile(r"(-?\d+),(\d+)")
+_GROUPED = re.compile(r"-?[1-9]\d{0,2},\d{3}")  # a thousands separator: 1-3 digits (no leading 0), then 3
+
+
+def decimal_reading(gold: str) -> str | None:
+    """The gold read with a decimal comma, as much of Europe writes decimals, where it is a lone
+    number with one comma that cannot group thousands: "1,22" -> "1.22"; "0,111" -> "0.111" (no
+    group starts with 0); "1234,5" -> "1234.5". None for "1,000" (thousands: 1000, never 1.0),
+    "1, 22" (a comma with a space after it is a list's), "1,2,3" and anything else. The gold keeps
+    its reading as written, a list ("1,22": the set {1, 22}); an answer equal to either scores 1."""
+    text = _unwrapped(gold)
+    number = _COMMA_NUMBER.fullmatch(text)
+    return None if number is None or _GROUPED.fullmatch(text) else f"{number.group(1)}.{number.group(2)}"
+
 
 # upright text, whose letters are words (units, names), not variables: \text{ cm}, \mathrm{m}, \mbox{...}
 _TEXT_MACRO = re.compile(r"\\(?:text(?:rm|normal|up|sf|tt|bf|it)?|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -105,7 +106,10 @@ class GradingWorker:
             return self._proc is not None
 
     def _start(self, deadline: float | None) -> None:
-        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # a session of its own: whatever the grader or an environment starts (children, grandchildren)
+        # is in the worker's process group, and ends with it (close, end)
+        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
         replies: queue.Queue = queue.Queue()
 
         def pump():  # a reader thread, so that waiting for a reply can time out
@@ -118,8 +122,13 @@ class GradingWorker:
 
         threading.Thread(target=pump, daemon=True).start()
         self._proc, self._replies = proc, replies
-        self._finalizer = weakref.finalize(self, proc.kill)  # no orphan worker at exit
-        said = self._reply(self.STARTUP_S, deadline, "error")
+        self._finalizer = weakref.finalize(self, end, proc)  # no orphan worker (or child of it) at exit
+        try:
+            said = self._reply(self.STARTUP_S, deadline, "error")
+        except _NoReply as e:
+            if e.failure == "error" and proc.poll() is None:  # alive and silent: the import hangs
+                self.start_error = f"it did not say ready within {self.STARTUP_S:g} s (an import that hangs?)"
+            raise
         if said != "ready":
             self.start_error = said.get("error", "") if isinstance(said, dict) else ""
             raise _NoReply("error")
@@ -141,8 +150,16 @@ class GradingWorker:
     def close(self) -> None:
         proc, self._proc = self._proc, None  # FileTask.close may race a grading that kills its worker
         if proc is not None:
-            self._finalizer()  # kills the worker (once), and forgets it at exit
+            self._finalizer()  # kills the worker and its process group (once), and forgets it at exit
             proc.wait()
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Kill a worker and every process in its group (what it started, unless that left the group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        proc.kill()
 
 
 def verdict(reply: dict | None, failure: str) -> Verdict:

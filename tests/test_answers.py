@@ -1,11 +1,12 @@
 """Answer equivalence at the edges real data and real policies hit (issue 32), one rule each, as
 docs/math.md ("Grading math answers") states them: times of day, letters that are variables,
-golds of several parts, the number fallback's word boundaries, final-answer conventions, and the
-pre-check that decides answers which stall math-verify. The equivalence cases are in tests/fixtures/answer_cases.jsonl,
-each verdict decided from the rule before the grader was run (both directions per rule: a right
-answer stays right, a wrong one stays wrong); the stalling answers are built here. No test here
-asserts a timing (the project's rule): a stalling answer is shown decided without the library by
-a pool whose workers never answer.
+golds of several parts, golds written as lists without boxes, decimal commas, the number fallback's
+word boundaries, final-answer conventions, and the pre-check that decides answers which stall
+math-verify. The equivalence cases are in tests/fixtures/answer_cases.jsonl, each verdict decided
+from the rule before the grader was run (both directions per rule: a right answer stays right, a
+wrong one stays wrong); the stalling answers are built here. No test here asserts a timing (the
+project's rule): a stalling answer is shown decided without the library by a pool whose workers
+never answer.
 """
 import json
 import logging
@@ -19,6 +20,7 @@ import pytest
 from grading import math_answers
 from grading.pool import MathGraderPool
 from grading.math_answers import Huge, arithmetic, clock_time, precheck, same_clock, uses_variables
+from grading.math_answers import MATH_ANSWER_CHARS, MAX_PARTS, decimal_reading, listed_parts, math_request
 from grading.math_answers import answer_parts, gold_answer, last_boxes, split_parts, stated_answer
 from rewards import Problem, Verdict
 
@@ -76,6 +78,15 @@ BARE_IS_WRONG = {
     "multi-one-at-a-time": "the library joins only boxes separated by ',', 'and', 'or': it reads {3, 5}",
     "multi-statement": "'The answer is 2, 3, 5' read as 2, the first number after the anchor",
     "last-box-gold": "the library joins '\\boxed{5} and \\boxed{7}' into the set {5, 7}; one part reads the last box",
+    # golds written as lists: the library joins the boxes too, but reads an undelimited gold by its last number
+    "list-pairs-quad": "the gold (2, 2), (6, 2) read as its last number, 2",
+    "list-assignments": "the gold k = 45, n = 2 read as 2",
+    "list-set-commas": "the gold {1,2,3} not extracted at all",
+    "list-set-and": "the gold \\{1, 2, 3\\} read as 3",
+    "list-roots": "the gold 1, 2, 5 read as 5",
+    # decimal commas: the library reads a delimited gold as a list, an undelimited one as a decimal only
+    "decimal-comma-negative": "the gold $-2,5$ read as the set {-2, 5}",
+    "decimal-comma-as-list": "the gold 1,22 read as the decimal 1.22 alone",
 }
 
 
@@ -101,6 +112,7 @@ def test_gold_answer_keeps_the_parts_of_a_multi_part_gold():
     roots = "The roots are $\\boxed{2}$, $\\boxed{3}$ and $\\boxed{5}$."
     assert gold_answer(roots) == "\\boxed{2} \\boxed{3} \\boxed{5}"
     assert gold_answer("$\\boxed{1}$ or $\\boxed{-1}$") == "\\boxed{1} \\boxed{-1}"
+    assert gold_answer("$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$") == "\\boxed{(2, 2)} \\boxed{(6, 2)}"
     # text between boxes: the earlier ones are steps, the last is the answer (Hendrycks' last_boxed_only_string)
     assert gold_answer("So $x = \\boxed{4}$. Then $y = 2x = \\boxed{8}$.") == "8"
     assert gold_answer("$\\fbox{5}$ and $\\boxed{6}$ then $\\fbox{7}$.") == "7"
@@ -130,6 +142,52 @@ def test_last_boxes():
     assert last_boxes("\\boxed{1} \\boxed{2} \\boxed{3}", most=2) == ["2", "3"]
     assert last_boxes("\\boxed{\\boxed{5}}") == ["5"]  # an enclosing box ends the list, as last_boxed reads it
     assert last_boxes("\\boxed{5} \\boxed{6") == []  # the last box unclosed: no boxes, as last_boxed
+    # LaTeX spacing and math delimiters only lay the parts out; a label is text
+    assert last_boxes("$$\\boxed{1} \\quad \\text{and} \\quad \\boxed{2}$$") == ["1", "2"]
+    assert last_boxes("\\( \\boxed{1} \\),\\;\\( \\boxed{2} \\) or~\\[\\boxed{3}\\]") == ["1", "2", "3"]
+    assert last_boxes("\\boxed{1} \\quadrilateral \\boxed{2}") == ["2"]
+    assert last_boxes("$x_1 = \\boxed{1}$, $x_2 = \\boxed{2}$") == ["2"]
+    spaced = "\\boxed{1}" + " " * 5000 + "\\boxed{2}"  # a gap past max_chars is text: bounded time
+    assert last_boxes(spaced) == ["1", "2"] and last_boxes(spaced, max_chars=4096) == ["2"]
+
+
+@pytest.mark.parametrize("gold,parts", [
+    ("(2, 2), (6, 2)", ["(2, 2)", "(6, 2)"]), ("$k = 45, n = 2$", ["k = 45", "n = 2"]), ("{1,2,3}", ["1", "2", "3"]),
+    ("\\{1, 2, 3\\}", ["1", "2", "3"]), ("\\left\\{ (1, 2), (3, 4) \\right\\}", ["(1, 2)", "(3, 4)"]),
+    ("1,22", ["1", "22"]), ("1, 2, 5", ["1", "2", "5"]),
+    # one part: a point, an interval, a number with thousands, a union of sets, a one-element set
+    ("(1, 2)", ["(1, 2)"]), ("[0, 1)", ["[0, 1)"]), ("1,000", ["1,000"]), ("$7$", ["7"]),
+    ("\\{1\\} \\cup \\{2, 3\\}", ["\\{1\\} \\cup \\{2, 3\\}"]), ("\\{5\\}", ["5"]),
+])
+def test_listed_parts(gold, parts):
+    assert listed_parts(gold) == parts
+
+
+@pytest.mark.parametrize("gold,decimal", [
+    ("1,22", "1.22"), ("$-2,5$", "-2.5"), ("0,111", "0.111"), ("1234,567", "1234.567"), ("1000,99", "1000.99"),
+    ("1,000", None), ("-12,345", None), ("1, 22", None), ("1,2,3", None), ("1,5 cm", None), ("1.22", None),
+])
+def test_decimal_reading(gold, decimal):
+    """Three digits after a comma that follows one to three digits, the first not 0, group thousands;
+    any other comma inside a lone number is also read as a decimal point."""
+    assert decimal_reading(gold) == decimal
+
+
+def test_the_closing_run_is_sent_apart_from_the_boxes():
+    """A multi-part gold reads any of the last boxes (parts); a gold written as a list, the closing run."""
+    request = math_request("Trying $y = 2$ gives \\boxed{(2, 2)}. So the pairs are "
+                           "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}.", "(2, 2), (6, 2)")
+    assert request["region"] == "\\boxed{(6, 2)}" and request["run"] == ["(2, 2)", "(6, 2)"]
+    assert request["parts"] == ["(2, 2)", "(2, 2)", "(6, 2)"]
+
+
+def test_the_joined_run_is_bounded(grader):
+    """At most MAX_PARTS boxes, and MATH_ANSWER_CHARS in all: a megabyte of boxes sends the last
+    MAX_PARTS; a run too long in all is read as its last box."""
+    assert math_request("\\boxed{1}, " * 100_000 + "\\boxed{2}", "1, 2")["run"] == ["1"] * (MAX_PARTS - 1) + ["2"]
+    long_part = "9" * (MATH_ANSWER_CHARS // 2)
+    assert grader(f"\\boxed{{{long_part}}}, \\boxed{{{long_part}}}, \\boxed{{1}}", "1, 2").answer == "1"
+    assert grader("\\boxed{1}, \\boxed{2}", "1, 2").answer == "{1, 2}"
 
 
 # ----------------------------------------------------------------------------- final-answer conventions

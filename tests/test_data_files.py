@@ -14,6 +14,10 @@ else the field stripped; numbers are str()-ed first):
 - MATH500 takes the `answer` field ("\\frac{7}{12}") over the solution's \\boxed{\\dfrac{7}{12}}.
 """
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,8 @@ from rewards import DataError, Problem
 from data import make_task
 from grading.files import load_file
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
 NAMES = ("gsm8k", "math500", "aime", "amc")
 PROMPT_FIELD = {"gsm8k": "question", "math500": "problem", "aime": "problem", "amc": "question"}
 
@@ -194,7 +199,7 @@ def test_missing_answer_field_lists_what_the_row_has(tmp_path):
 def test_missing_prompt_field_lists_what_the_row_has(tmp_path):
     path = _copy_fixture_with(tmp_path, "amc", 5, json.dumps({"id": 4, "text": "Q?", "answer": 7.0}))
     with pytest.raises(DataError, match=r"amc\.jsonl:5: missing field: expected one of prompt, "
-                                        r"problem, question; the line has answer, id, text$"):
+                                        r"problem, question, query; the line has answer, id, text$"):
         load_file(path)
 
 
@@ -433,3 +438,218 @@ def test_chat_prompt_without_a_user_message_is_named(tmp_path, prompt):
     with pytest.raises(DataError, match=r"chat\.jsonl:1: field 'prompt' must be a chat with a user message "
                                         r"\(role, content\), got .*; the line has prompt, reward_model$"):
         load_file(path)
+
+
+# ----------------------------------------------------------------------------- Qwen2.5-Math's records, multiple choice
+# qwen25_math.jsonl: hand-written problems in the shape of Qwen2.5-Math's evaluation/data/eval_rm_maj_example/
+# math_cot_100.jsonl (the records its math_eval.py writes, with a reward model's scores): the question twice (question,
+# query), Qwen's stripped gold (gt: "4:15p.." for "\\text{4:15 p.m.}") beside the source's answer, n responses each.
+
+QWEN_FIELDS = ["idx", "question", "gt_cot", "gt", "level", "solution", "answer", "code", "pred", "report", "score",
+               "system", "query", "response", "history", "pred_score"]
+
+
+def test_qwen_fixture_has_the_real_shape():
+    rows = raw_rows("qwen25_math")
+    assert all(list(r) == QWEN_FIELDS for r in rows)
+    assert all(r["query"] == r["question"] and r["code"] == r["response"] and r["solution"] == r["gt_cot"]
+               and len(r["pred"]) == len(r["score"]) == len(r["pred_score"]) == len(r["response"]) for r in rows)
+    assert [r["gt"] for r in rows] != [r["answer"] for r in rows]
+
+
+def test_qwen_records_read_their_answer_before_gt():
+    rows = raw_rows("qwen25_math")
+    assert load_file(str(fixture("qwen25_math"))) == [Problem(r["question"], r["answer"], id=str(r["idx"]))
+                                                      for r in rows]
+    assert [r["answer"] for r in rows][2:] == ["\\text{4:15 p.m.}", "50,\\!625"]  # gt: "4:15p..", "50,625"
+
+
+def test_query_and_gt_rows_load(tmp_path):
+    """Refused before query was a prompt field ("missing field: expected one of prompt, problem, question")."""
+    rows = [{k: r[k] for k in ("idx", "query", "gt_cot", "gt", "system")} for r in raw_rows("qwen25_math")]
+    path = _write(tmp_path, "query.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert load_file(path) == [Problem(r["query"], r["gt"], id=str(r["idx"])) for r in rows]
+
+
+def test_qwen_answer_grades_what_its_gt_would_not(tmp_path):
+    """The time row: a right response scores 1 against its answer, 0 against Qwen's stripped gt "4:15p.."."""
+    task = make_task(str(fixture("qwen25_math")), grade_workers=1)
+    gt_only = load_file(_write(tmp_path, "gt.jsonl", json.dumps({"query": "q", "gt": "4:15p.."}) + "\n"))[0]
+    try:
+        response = "1:45 p.m. + 2:30 = $\\boxed{4:15 \\text{ p.m.}}$"
+        assert [task.grade(p, response).reward for p in (task.problems[2], gt_only)] == [1.0, 0.0]
+    finally:
+        task.close()
+
+
+@pytest.mark.parametrize("row", [
+    {"question": "Which is prime?", "type": "college_mathematics", "choices": ["4", "6", "7", "9"], "answer": 2},
+    {"id": "0", "question": "f(-6)?", "options": "A) 0 B) -6 C) 6 D) 1", "answer": "A"},
+    {"question": "x?", "options": ["A)5", "B)6"], "rationale": "...", "answer": "B"}])
+def test_multiple_choice_rows_are_refused(tmp_path, row):
+    """mmlu_stem (choices; the answer their index), sat_math and aqua (options) as Qwen2.5-Math keeps them, with
+    an answer field: they loaded before, the prompt without its choices."""
+    path = _write(tmp_path, "choices.jsonl", json.dumps(row) + "\n")
+    name = "choices" if "choices" in row else "options"
+    with pytest.raises(DataError, match=rf"choices\.jsonl:1: field '{name}' holds the choices of a multiple-choice "
+                                        rf"problem, .*; the line has {', '.join(sorted(row))}$"):
+        load_file(path)
+
+
+def test_a_null_options_field_is_no_choice(tmp_path):
+    """gaokao_math_cloze's rows carry options: null (and label: null)."""
+    row = {"passage": None, "question": "x = ?", "options": None, "label": None, "answer": "2",
+           "other": {"source": "2021"}}
+    assert load_file(_write(tmp_path, "cloze.jsonl", json.dumps(row) + "\n")) == [Problem("x = ?", "2")]
+
+
+# ----------------------------------------------------------------------------- datasets: saved folders, Hub names
+# `datasets` is optional: these tests skip without it. Nothing here reaches the network: a saved folder is read from
+# disk, and a Hub name from a cache written here, in a subprocess with HF_DATASETS_OFFLINE=1 and its own HF_HOME.
+
+@pytest.fixture
+def hf_datasets():
+    return pytest.importorskip("datasets", reason="datasets is optional (pip install datasets); the saved-folder "
+                                                  "and Hub-cache tests need it")
+
+
+@pytest.mark.parametrize("value, named", [
+    ("openai/gsm8k", True), ("openai/gsm8k:main:test", True), ("HuggingFaceH4/MATH-500::test", True),
+    ("data/aime.jsonl", False), ("running_sum", False), ("a/b/c", False), ("my.py:Task", False),
+    ("openai/gsm8k:main:test:x", False), ("tests/fixtures", False)])  # the last one is a folder here
+def test_what_names_a_hub_dataset(value, named):
+    from grading.files import is_dataset_name
+    assert is_dataset_name(value) is named
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "olympiad", "qwen25_math"])
+def test_a_saved_dataset_folder_loads_like_its_file(hf_datasets, tmp_path, name):
+    hf_datasets.Dataset.from_list(raw_rows(name)).save_to_disk(str(tmp_path / name))
+    assert load_file(str(tmp_path / name)) == load_file(str(fixture(name)))
+
+
+def test_a_saved_dataset_dict_names_its_splits(hf_datasets, tmp_path):
+    rows, folder = raw_rows("gsm8k"), tmp_path / "gsm8k"
+    hf_datasets.DatasetDict({"train": hf_datasets.Dataset.from_list(rows[:3]),
+                             "test": hf_datasets.Dataset.from_list(rows[3:])}).save_to_disk(str(folder))
+    train, test = (re.escape(str(folder / split)) for split in ("train", "test"))
+    with pytest.raises(DataError, match=rf"^{re.escape(str(folder))}: the dataset has the splits train, test; "
+                                        rf"name one: {train} or {test}$"):
+        load_file(str(folder))
+    assert load_file(str(folder / "test")) == load_file(str(fixture("gsm8k")))[3:]
+
+
+def test_a_saved_folder_as_data_and_as_eval_data(hf_datasets, tmp_path):
+    import config
+    import data
+    hf_datasets.Dataset.from_list(raw_rows("gsm8k")).save_to_disk(str(tmp_path / "gsm8k"))
+    gsm8k, math500 = load_file(str(fixture("gsm8k"))), load_file(str(fixture("math500")))
+    for flags, (train, held) in [((str(fixture("math500")), str(tmp_path / "gsm8k")), (math500, gsm8k)),
+                                 ((str(tmp_path / "gsm8k"), str(fixture("math500"))), (gsm8k, math500))]:
+        task, problems, held_out = data.load(config.parse_config(["--data", flags[0], "--eval-data", flags[1]]))
+        task.close()
+        assert (problems, held_out) == (train, held)
+
+
+def test_without_datasets_a_saved_folder_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails, as where it is not installed
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "state.json").write_text("{}")
+    with pytest.raises(DataError, match=r"saved: reading a saved dataset or a dataset by name needs the datasets "
+                                        r"library: pip install datasets \(or give a \.jsonl/\.json/\.parquet file\)$"):
+        make_task(str(tmp_path / "saved"))
+
+
+def populate_hub_cache(cache: Path, repo_id: str, config: str, splits: dict[str, list[dict]]) -> None:
+    """Write what load_dataset(repo_id, config) leaves in HF_DATASETS_CACHE once it has downloaded a dataset, and
+    reads offline: CACHE/org___name/CONFIG/0.0.0/HASH/ with name-SPLIT.arrow (an Arrow stream) for each split and
+    dataset_info.json naming the config and its splits; `datasets` writes the name in snake case
+    ("HuggingFaceH4/MATH-500" -> HuggingFaceH4___math-500/, math-500-test.arrow)."""
+    import pyarrow as pa
+    from datasets import Dataset, DatasetInfo, SplitDict, SplitInfo
+    from datasets.naming import camelcase_to_snakecase
+    org, name = repo_id.split("/")
+    name = camelcase_to_snakecase(name)
+    folder = cache / f"{org}___{name}" / config / "0.0.0" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    split_infos = SplitDict(dataset_name=name)
+    for split, rows in splits.items():
+        table = Dataset.from_list(rows).data.table
+        with pa.OSFile(str(folder / f"{name}-{split}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        split_infos.add(SplitInfo(name=split, num_examples=len(rows), dataset_name=name))
+    DatasetInfo(dataset_name=name, config_name=config, features=Dataset.from_list(rows).features,
+                splits=split_infos).write_to_directory(str(folder))
+
+
+def offline(tmp_path) -> dict:
+    """The environment of a run without network whose datasets cache is tmp_path/cache."""
+    return {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+LOAD_EACH = """import json, sys
+from grading.files import load_file
+from rewards import DataError
+out = {}
+for source in sys.argv[1:]:
+    try:
+        out[source] = [[p.prompt, p.answer, p.id] for p in load_file(source)]
+    except DataError as e:
+        out[source] = str(e)
+print(json.dumps(out))"""
+
+
+def test_hub_datasets_from_the_cache_offline(hf_datasets, tmp_path):
+    gsm8k = raw_rows("gsm8k")
+    populate_hub_cache(tmp_path / "cache", "openai/gsm8k", "main", {"train": gsm8k[:3], "test": gsm8k[3:]})
+    populate_hub_cache(tmp_path / "cache", "HuggingFaceH4/MATH-500", "default", {"test": raw_rows("math500")})
+    sources = ["openai/gsm8k:main:test", "HuggingFaceH4/MATH-500", "openai/gsm8k:main", "openai/gsm8k:socratic:test",
+               "openai/gsm8k:main:validation", "nobody/nothing:main:test"]
+    done = subprocess.run([sys.executable, "-c", LOAD_EACH, *sources], cwd=ROOT, env=offline(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    triples = {name: [[p.prompt, p.answer, p.id] for p in load_file(str(fixture(name)))]
+               for name in ("gsm8k", "math500")}
+    assert got["openai/gsm8k:main:test"] == triples["gsm8k"][3:]
+    assert got["HuggingFaceH4/MATH-500"] == triples["math500"]  # its only split
+    assert got["openai/gsm8k:main"] == ("openai/gsm8k:main: the dataset has the splits train, test; name one: "
+                                        "openai/gsm8k:main:train or openai/gsm8k:main:test")
+    assert got["openai/gsm8k:socratic:test"] == ("openai/gsm8k:socratic:test: Couldn't find cache for openai/gsm8k for "
+                                                 "config 'socratic' Available configs in the cache: ['main']")
+    assert got["openai/gsm8k:main:validation"].startswith("openai/gsm8k:main:validation: Unknown split \"validation\"")
+    assert got["nobody/nothing:main:test"] == (
+        f"nobody/nothing:main:test: no such file or folder here, and not in the local datasets cache "
+        f"({tmp_path / 'cache'}) while the Hub is out of reach (offline: HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is "
+        f"set): load it once with network, or give a .jsonl/.json/.parquet file")
+
+
+def test_eval_reads_a_hub_dataset_offline_and_says_a_missing_one_in_one_line(hf_datasets, tmp_path):
+    gsm8k = raw_rows("gsm8k")
+    populate_hub_cache(tmp_path / "cache", "openai/gsm8k", "main", {"train": gsm8k[:3], "test": gsm8k[3:]})
+    responses = _write(tmp_path, "responses.jsonl", "".join(json.dumps(line) + "\n" for line in [
+        {"index": 0, "responses": ["<answer>8</answer>", "<answer>9</answer>"]},
+        {"index": 1, "responses": ["<answer>120</answer>", "<answer>120</answer>"]}]))
+
+    def eval_py(data: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "eval.py", "--data", data, "--responses", responses, "--k", "1", "--out",
+                               str(tmp_path / "ev"), "--reward", str(ROOT / "examples" / "reward_number.py:closeness")],
+                              cwd=ROOT, env=offline(tmp_path), capture_output=True, text=True, timeout=120)
+
+    done = eval_py("openai/gsm8k:main:test")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert summary["settings"]["data"] == "openai/gsm8k:main:test"
+    assert summary["metrics"]["eval/accuracy"] == pytest.approx((0.5 + 1.0) / 2)
+    missing = eval_py("nobody/nothing:main:test")
+    assert missing.returncode != 0 and missing.stdout == ""
+    assert missing.stderr.count("\n") == 1 and missing.stderr.startswith(
+        "error: nobody/nothing:main:test: no such file or folder here, and not in the local datasets cache")
+
+
+def test_files_and_built_in_tasks_never_import_datasets():
+    script = (f"import sys, data; data.make_task('running_sum'); data.make_task({str(fixture('gsm8k'))!r}).close(); "
+              "print('datasets' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr

@@ -207,3 +207,78 @@ def test_steps_need_a_turn_and_envs_are_bounded():
     held.put("0", 0)  # used again: now the newest
     held.put("new", -1)
     assert len(held) == env_worker.MAX_ENVS and "1" not in held and "0" in held and "new" in held
+
+
+# ============================================================================ a broken environment, found fast
+
+def test_a_round_of_hanging_steps_costs_about_one_timeout(env_file):
+    """8 traces whose step hangs, on 2 workers, from 4 threads as environments/rollout.answers steps them:
+    in a round (UserEnvironment.round) they cost one timeout, the steps still waiting then failing at
+    once ("budget"); one after another, as before rounds, each cost its own timeout (8 × 1 s on 2 workers:
+    4 s). Each failure is said in words. A sound round after it is cut nowhere, though its steps are slow:
+    each answer moves the round's end on."""
+    from concurrent.futures import ThreadPoolExecutor
+    env = open_env(env_file, timeout=1.0, workers=2)
+    try:
+        start = time.monotonic()
+        with env.round(), ThreadPoolExecutor(4) as threads:
+            got = list(threads.map(lambda k: env.step(f"k{k}", Problem("p", "", id=str(k)), ["hang"]), range(8)))
+        took = time.monotonic() - start
+        assert all(reply is None for reply, _ in got) and {f for _, f in got} <= {"timeout", "budget"}
+        assert took < 2.5, took
+        assert env.messages["k0"] in ("a step took longer than --env-timeout 1 s",
+                                      "no step of its round of turns was answered for 1 s (--env-budget)")
+        with env.round(), ThreadPoolExecutor(4) as threads:  # 0.4 s a step, 4 a worker: 1.6 s > the budget
+            slow = list(threads.map(lambda k: env.step(f"s{k}", Problem("p", "", id=str(k)), ["slow"]), range(8)))
+        assert all(failure == "" for _, failure in slow)
+    finally:
+        env.close()
+
+
+def test_an_error_is_sent_back_in_words(env_file):
+    env = open_env(env_file, workers=1)
+    try:
+        assert env.step("k", Problem("p", ""), ["raise"]) == (None, "error")
+        assert env.messages["k"] == "ValueError: environment bug"
+    finally:
+        env.close()
+
+
+def test_what_a_step_starts_ends_with_its_worker(tmp_path):
+    """A step that starts a child process (and returns): the child lives while the worker does, and
+    ends when the worker is closed (its process group is killed), not orphaned to outlive the run."""
+    path = tmp_path / "spawn.py"
+    path.write_text("import subprocess\nfrom types import SimpleNamespace\n"
+                    "class Env:\n    def __init__(self, problem): pass\n"
+                    "    def step(self, turn):\n"
+                    "        child = subprocess.Popen(['sleep', '1000'])\n"
+                    "        return SimpleNamespace(observation=str(child.pid), reward=None, details={})\n")
+    env = UserEnvironment(f"{path}:Env", workers=1)
+    env.check()
+    reply, failure = env.step("k", Problem("p", ""), ["go"])
+    child = int(reply["observation"])
+
+    def running(pid: int) -> bool:  # a killed child the container's init has not reaped yet is a zombie
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1][0] != "Z"
+        except FileNotFoundError:
+            return False
+    assert failure == "" and running(child)
+    env.close()
+    deadline = time.monotonic() + 5
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child)
+
+
+def test_a_file_whose_import_hangs_fails_the_start_up_check_in_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "stuck.py"
+    path.write_text("import time\ntime.sleep(1000)\nclass Env:\n    def step(self, turn): pass\n")
+    monkeypatch.setattr(env_worker.EnvWorker, "STARTUP_S", 2.0)
+    start = time.monotonic()
+    with pytest.raises(DataError) as e:
+        UserEnvironment(f"{path}:Env").check()
+    assert time.monotonic() - start < 10
+    assert str(e.value) == (f"--env {path}:Env: its worker did not start: it did not say ready within 2 s "
+                            "(an import that hangs?)")

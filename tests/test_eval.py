@@ -24,16 +24,33 @@ def test_pass_at_k_spec_values():
     assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0
 
 
-def samples(answers, rewards, failures=None):
+def samples(answers, rewards, failures=None, correct=None):
+    """Sample records; correct (the task's verdict of full marks): reward ≥ 1 unless given."""
     return [{"response": "", "answer": a, "reward": r, "failure": (failures or {}).get(i, ""),
-             "length": 10 + i, "truncated": i == 3} for i, (a, r) in enumerate(zip(answers, rewards))]
+             "correct": r >= 1 if correct is None else correct[i], "length": 10 + i, "truncated": i == 3}
+            for i, (a, r) in enumerate(zip(answers, rewards))]
 
 
 def test_majority_vote_hand_cases():
-    assert majority(samples(["5", "7", "7", None], [1, 0, 0, 0])) == ("7", 0)
-    assert majority(samples(["3", "3", "4", "3"], [1, 1, 0, 1])) == ("3", 1)
-    assert majority(samples(["a", "b", "b", "a"], [0, 1, 1, 0])) == ("a", 0)  # tie: first seen
-    assert majority(samples([None, None], [0, 0])) == (None, 0.0)  # nobody answered
+    def vote(answers, rewards):
+        answer, first = majority(samples(answers, rewards))
+        return answer, first and first["reward"]
+    assert vote(["5", "7", "7", None], [1, 0, 0, 0]) == ("7", 0)
+    assert vote(["3", "3", "4", "3"], [1, 1, 0, 1]) == ("3", 1)
+    assert vote(["a", "b", "b", "a"], [0, 1, 1, 0]) == ("a", 0)  # tie: first seen
+    assert vote([None, None], [0, 0]) == (None, None)  # nobody answered
+
+
+def test_pass_at_k_and_maj_count_correct_answers_not_fractional_rewards():
+    """An environment's reward 1/k for a right answer at attempt k (examples/env_retry.py): samples
+    rewarded 1, 0.5, 1/3, 0 whose last turns the task graded right, right, right, wrong -> 3 correct
+    of 4: pass@1 = accuracy (avg@4 of correctness) 0.75 (int(sum(rewards)) made it 1 correct: 0.25),
+    maj@4 on the right answer 1 (it was its first sample's reward, 0.5)."""
+    record = problem_record(Problem("q", "4"), samples(["4", "4", "4", "5"], [0.5, 1, 1 / 3, 0],
+                                                       correct=[True, True, True, False]), [1, 2], None)
+    assert record["correct"] == 3 and record["pass@k"] == {"1": 0.75, "2": 1.0}
+    metrics = summarize([record], [1, 2])
+    assert metrics["eval/pass@1"] == metrics["eval/accuracy"] == 0.75 and metrics["eval/maj@4"] == 1.0
 
 
 def test_summary_of_two_problems_by_hand():

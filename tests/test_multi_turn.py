@@ -11,8 +11,8 @@ import torch
 
 import algos
 from config import Config
-from environments import (Calculator, Environment, Observations, PythonTool, Session, Step, Turns, environment_for,
-                          tool_frame)
+from environments import (STOPS, Calculator, Environment, Observations, PythonTool, Session, Step, Turns,
+                          environment_for, tool_frame)
 from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
@@ -112,7 +112,7 @@ def test_a_template_with_tools_lists_them_and_frames_their_output():
     ('<tool_call>{"name": "calculator", "arguments": {"expression": "' + "1+" * 9000 + '1"}}</tool_call>', None),
 ])
 def test_a_call_in_the_templates_tool_call_form(turn, code):
-    assert Calculator(Problem("p", "5")).call(turn) == code
+    assert Calculator(Problem("p", "5")).call(turn)[0] == code
 
 
 @pytest.mark.parametrize("turn,code", [
@@ -124,7 +124,7 @@ def test_a_call_in_the_templates_tool_call_form(turn, code):
      "print(1)\n"),
 ])
 def test_python_tool_reads_the_last_block_or_call(turn, code):
-    assert PythonTool(Problem("p", "1")).call(turn) == code
+    assert PythonTool(Problem("p", "1")).call(turn)[0] == code
 
 
 def test_python_tool_call_in_the_templates_form():
@@ -152,14 +152,18 @@ def test_calculator_is_exact_and_bounded(turn, output, failed):
 
 
 def test_a_turn_without_a_call_ends_the_trace():
-    assert Calculator(Problem("p", "3")).step("<answer>3</answer>") == Step()
-    assert PythonTool(Problem("p", "3")).step("print(3) outside a fence") == Step()
+    """Done (no observation, the task grades), with the <tool_call> bodies it could not read counted."""
+    assert Calculator(Problem("p", "3")).step("<answer>3</answer>") == Step(details={"tools/parse_errors": 0})
+    assert PythonTool(Problem("p", "3")).step("print(3) outside a fence") == Step(details={"tools/parse_errors": 0})
+    broken = '<tool_call>{"name": "calculator", "arguments": </tool_call> <tool_call>{"name": "other"}</tool_call>'
+    assert Calculator(Problem("p", "3")).step(broken) == Step(details={"tools/parse_errors": 2})
 
 
 def test_python_tool_runs_the_block_in_the_sandbox():
     env = PythonTool(Problem("p", "42"))
     step = env.step("Let me compute.\n```python\nprint(6 * 7)\n```")
-    assert step.observation == "42\n" and step.details == {"tools/calls": 1, "tools/errors": 0, "tools/correct": 1}
+    assert step.observation == "42\n" and step.details == {"tools/calls": 1, "tools/errors": 0, "tools/correct": 1,
+                                                         "tools/parse_errors": 0}
     crashed = env.step("```python\nprint(1)\nraise ValueError('bad')\n```")
     assert crashed.observation.startswith("1\n") and "ValueError: bad" in crashed.observation
     assert crashed.details["tools/errors"] == 1
@@ -230,11 +234,14 @@ class Scripted:
 
     def __init__(self, observations, reward=None):
         self.observations, self.reward, self.cut = list(observations), reward, False
-        self.details, self.asked = {"tools/calls": 0}, []
+        self.details, self.asked, self.stop, self.error = {"tools/calls": 0}, [], "", ""
 
     def answer(self, turn):
         self.asked.append(turn)
-        return self.observations.pop(0) if self.observations else None
+        if not self.observations:
+            self.stop = "done"
+            return None
+        return self.observations.pop(0)
 
     def seen(self):
         self.details["tools/calls"] += 1
@@ -260,20 +267,21 @@ def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observatio
     assert [(c.prompt_ids, c.response_ids, c.sampler_logp) for c in a.chunks] == [
         ([1, 2], [7, eos], [-0.1, -0.2]), ([1, 2, 7, eos, 5, 6], [8, eos], [-0.6, -0.7])]
     assert a.response_ids == [7, eos, 8, eos] and a.text == f"8 {eos}" and not a.truncated
-    assert a.transcript == f"7 {eos} 5 6 8 {eos}" and a.details == {"tools/calls": 1, "turns/mean": 2}
+    stops = {f"stop/{s}": float(s == "done") for s in STOPS}  # both traces: the environment said done
+    assert a.transcript == f"7 {eos} 5 6 8 {eos}" and a.details == {"tools/calls": 1, "turns/mean": 2, **stops}
     assert [c.response_ids for c in b.chunks] == [[9, 9, eos]] and b.details["turns/mean"] == 1
 
 
 MODEL_OF_12 = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=12))  # what interact reads of a model
 
 
-@pytest.mark.parametrize("caps,model,turns_written", [(Turns(max_turns=2), None, 2),
-                                                      (Turns(max_turns=5, max_tokens=12), None, 2),
-                                                      (Turns(max_turns=5), MODEL_OF_12, 2)],
+@pytest.mark.parametrize("caps,model,turns_written,stop", [(Turns(max_turns=2), None, 2, "max_turns"),
+                                                           (Turns(max_turns=5, max_tokens=12), None, 2, "context"),
+                                                           (Turns(max_turns=5), MODEL_OF_12, 2, "context")],
                          ids=["turns", "trace-tokens", "model-context"])
-def test_caps_end_a_trace_as_truncated(monkeypatch, caps, model, turns_written):
+def test_caps_end_a_trace_as_truncated(monkeypatch, caps, model, turns_written, stop):
     """An environment that always answers: the turn cap, the context cap, or the model's context stops
-    the trace, truncated."""
+    the trace, truncated, and its stop reason says which."""
     import rollout
     eos = 3
     monkeypatch.setattr(rollout, "sample", lambda lm, tok, rows, sampling, **_: [([7, eos], [0.0, 0.0])] * len(rows))
@@ -282,6 +290,7 @@ def test_caps_end_a_trace_as_truncated(monkeypatch, caps, model, turns_written):
                         shape=MultiTurn(lambda p: Scripted([[5, 6, 6]] * 9), caps))
     # contexts: 2, then 2 + 2 + 3 = 7 (7 + 4 ≤ 12: a 2nd turn), then 7 + 5 = 12 (12 + 4 > 12: cut)
     assert len(episodes[0].chunks) == turns_written and episodes[0].truncated
+    assert [k for k, v in episodes[0].details.items() if k.startswith("stop/") and v] == [f"stop/{stop}"]
 
 
 def test_a_call_whose_answer_the_caps_cut_off_counts_nothing(monkeypatch):
@@ -306,7 +315,7 @@ def test_a_turn_cut_by_max_new_tokens_ends_the_trace_without_asking_the_environm
     session = Scripted([[5]])
     [e] = generate(None, fake_tokenizer(3), [Problem("p", "1")], [[1, 2]], group_size=1,
                    sampling=Sampling(max_new_tokens=2), shape=MultiTurn(lambda p: session, Turns()))
-    assert len(e.chunks) == 1 and e.truncated and session.asked == []
+    assert len(e.chunks) == 1 and e.truncated and session.asked == [] and e.details["stop/length"] == 1
 
 
 def test_the_environments_reward_replaces_the_graders():
@@ -569,3 +578,29 @@ def test_env_python_reads_the_sandbox_knobs():
         assert env.tools == [PythonTool.schema()]
     finally:
         PythonTool.box = None  # the process's sandbox: the next PythonTool makes the default one
+
+
+def test_an_environment_failing_every_trace_stops_the_run_quoting_its_first_error():
+    """MultiTurn.check after each training step: with give_up (1.0, 1) a step whose traces all failed
+    stops the run, quoting the first failure's words; with (0.5, 2) it takes two steps in a row with
+    at least half failed, and a sound step between resets the count; steps 0 never stops."""
+    from rollout import Episode, RolloutError
+
+    def step(failed: int, of: int = 4) -> list:
+        return [Episode([1], [2], "", False, 0, Problem("p", ""), details={"env/failures": float(i < failed)},
+                        env_error="ValueError: the tool server is down" if i < failed else "") for i in range(of)]
+
+    shape = MultiTurn(lambda p: None, Turns())
+    shape.check(step(3))  # 3 of 4: goes on
+    with pytest.raises(RolloutError) as e:
+        shape.check(step(4))
+    assert str(e.value) == ("the environment failed 4 of 4 traces (--env-fail-fraction 1, --env-fail-steps 1); "
+                            "the first: ValueError: the tool server is down")
+    patient = MultiTurn(lambda p: None, Turns(), give_up=(0.5, 2))
+    for failed in (2, 0, 4):
+        patient.check(step(failed))
+    with pytest.raises(RolloutError, match="in each of 2 steps in a row"):
+        patient.check(step(2))
+    never = MultiTurn(lambda p: None, Turns(), give_up=(1.0, 0))
+    for _ in range(3):
+        never.check(step(4))
