@@ -550,9 +550,10 @@ class Engine:
         return cache, copies, logits[copies]
 
     def decode(self, ids, mask, *, sampling, new_tokens: int, stops: list[int], prefix=None,
-               prefill_chunk: int = 0) -> tuple[list[list[int]], list[list[float]]]:
+               prefill_chunk: int = 0, strings=None) -> tuple[list[list[int]], list[list[float]]]:
         """Left-padded prompts ids/mask [n, w] -> each row's `new_tokens` new tokens and their
-        log-probs under the sampler (a row runs on after its stop id; the caller cuts there)."""
+        log-probs under the sampler (a row runs on after its stop id; the caller cuts there).
+        strings: rollout.StopStrings, text that also stops a row, found at the host's check."""
         n, w = ids.shape
         lm = self._model()
         with inference(lm):
@@ -585,6 +586,8 @@ class Engine:
             try:
                 for t in range(1, new_tokens):
                     if t % check == 0:
+                        if strings is not None:
+                            self._strung(rows, t, check, strings)
                         rows = self._leave(rows)
                         if not rows:
                             break
@@ -606,6 +609,16 @@ class Engine:
             Engine.compile_seconds += seconds
         else:
             self.steps, self.issue_seconds = self.steps + 1, self.issue_seconds + seconds
+
+    def _strung(self, rows: int, t: int, check: int, strings) -> None:
+        """Stop the rows whose tokens since the last check (t − check .. t − 1) completed a stop
+        string: their tails (a string's window before those tokens too) read to the host and decoded."""
+        since = max(0, t - check - strings.window)
+        tails = self.out_tokens[self.live[:rows], since:t].tolist()
+        done = self.done[:rows].tolist()
+        hit = [r for r, tail in enumerate(tails) if not done[r] and strings.end(tail, max(0, t - check - since))]
+        if hit:
+            self.done[torch.tensor(hit, device=self.device)] = True
 
     def _bucket(self, live: int) -> int:
         """Rows a step runs for `live` live rows: a power of two when compiled (few graphs)."""

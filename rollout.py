@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, LogitsProcessor
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 from engine import Engine, cache_kwarg, forward_columns, inference
 from rewards import Problem
@@ -31,6 +31,7 @@ class Sampling:
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
     engine: str = "hf"  # hf: HF generate, the reference | fast: engine.py, a capturable decode step | auto
     engine_compile: str = "auto"  # the engine's step: auto (inductor on CUDA, off on CPU) | off | eager | inductor
+    stop_strings: tuple = ()  # text that ends a response where it first appears, kept (StopStrings)
 
 
 @dataclass
@@ -172,12 +173,12 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
 
 
 def episodes(tokenizer, queries: list[list[int]], traces: list[list[Chunk]], groups: list[int],
-             problems: list[Problem]) -> list[Episode]:
+             problems: list[Problem], strings: StopStrings | None = None) -> list[Episode]:
     """The Episode of each trace written in its chunks from its query; the grader reads what the last
     chunk's prompt carried past the query ⧺ the last chunk (of a plain rollout: its response)."""
     stops = stop_ids(tokenizer)
     return [Episode(prompt_ids=q, response_ids=written(chunks), group=group, problem=problem,
-                    truncated=not ends(chunks[-1].response_ids, stops), chunks=chunks,
+                    truncated=not ends(chunks[-1].response_ids, stops, strings), chunks=chunks,
                     text=tokenizer.decode(chunks[-1].prompt_ids[len(q):] + chunks[-1].response_ids,
                                           skip_special_tokens=True))
             for q, chunks, group, problem in zip(queries, traces, groups, problems)]
@@ -211,15 +212,29 @@ def sample_hf(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width
         top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
         max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
         pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
-    recorder = SamplerLogProbs(sampling.temperature)
+    recorder, strings = SamplerLogProbs(sampling.temperature), stop_strings(tokenizer, sampling)
+    criteria = StoppingCriteriaList([StringsStop(strings, input_ids.shape[1])] if strings else [])
     with inference(lm):
         # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
         # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
         out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          synced_gpus=False, logits_processor=[recorder], **{cache_kwarg(lm): cache})
+                          synced_gpus=False, logits_processor=[recorder], stopping_criteria=criteria,
+                          **{cache_kwarg(lm): cache})
     new = out[:, input_ids.shape[1]:]
-    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens) for resp in new.tolist()]
+    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens, strings) for resp in new.tolist()]
     return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
+
+
+class StringsStop(StoppingCriteria):
+    """HF generate's rows end once their last token completes a stop string (StopStrings), as the
+    engine's rows do at its host check; cut_at_stop then cuts both alike."""
+
+    def __init__(self, strings: StopStrings, width: int):
+        self.strings, self.width = strings, width
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        rows = input_ids[:, self.width:].tolist()
+        return torch.tensor([self.strings.end(row, len(row) - 1) is not None for row in rows], device=input_ids.device)
 
 
 class SamplerLogProbs(LogitsProcessor):
@@ -312,22 +327,53 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     row is cut after its first stop id."""
     ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
     stops, most = stop_ids(tokenizer), sampling.max_new_tokens
-    engine = Engine.of(lm, sampling.engine_compile)
+    engine, strings = Engine.of(lm, sampling.engine_compile), stop_strings(tokenizer, sampling)
     tokens, logps = engine.decode(ids, mask, sampling=sampling, new_tokens=most, stops=stops, prefix=cache,
-                                  prefill_chunk=sampling.prefill_chunk)
-    cut = [cut_at_stop(t, stops, most) for t in tokens]
+                                  prefill_chunk=sampling.prefill_chunk, strings=strings)
+    cut = [cut_at_stop(t, stops, most, strings) for t in tokens]
     return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
 
 
-def ends(tokens: list[int], stops: list[int]) -> bool:
-    """Whether a response wrote a stop id as its last token: [5, 2], stops [2, 7] -> True."""
-    return bool(tokens) and tokens[-1] in stops
+class StopStrings:
+    """Text that ends a response where it first appears, kept in it, as a stop id is: the end of a tool
+    call for a base model that writes its calls in plain text ("</calc>", Qwen2.5-Math's "```output").
+    Read off the decoded tokens a `window` at a time: a string of c characters spans at most c tokens
+    (a token decodes to a character or more) and one more that it starts inside. Both engines cut a
+    response with it (cut_at_stop), so they cut alike. On a tokenizer that decodes [1, 3, 4, 5] as
+    "1 3 4 5", strings ("3 4",) end it after its third token: end([1, 3, 4, 5]) -> 3."""
+
+    def __init__(self, tokenizer, strings):
+        self.tokenizer, self.strings = tokenizer, tuple(strings)
+        self.window = max(map(len, self.strings)) + 1
+
+    def end(self, tokens: list[int], start: int = 0) -> int | None:
+        """How many tokens reach the first, from index `start` on, that completes a string: the
+        string is in the text up to it and not in the text before it. None when none does."""
+        for i in range(start + 1, len(tokens) + 1):
+            window = tokens[max(0, i - self.window):i]
+            text, before = self.tokenizer.decode(window), self.tokenizer.decode(window[:-1])
+            if any(s in text and s not in before for s in self.strings):
+                return i
+        return None
 
 
-def cut_at_stop(tokens: list[int], stops: list[int], limit: int) -> list[int]:
-    """Up to and including the first stop id, else the first `limit`: [5, 7, 3, 2], [2, 7] -> [5, 7]."""
+def stop_strings(tokenizer, sampling: Sampling) -> StopStrings | None:
+    return StopStrings(tokenizer, sampling.stop_strings) if sampling.stop_strings else None
+
+
+def ends(tokens: list[int], stops: list[int], strings: StopStrings | None = None) -> bool:
+    """Whether a response ended itself: a stop id as its last token, [5, 2], stops [2, 7] -> True;
+    or a stop string its last token completed."""
+    return bool(tokens) and (tokens[-1] in stops or strings is not None
+                             and strings.end(tokens, len(tokens) - 1) == len(tokens))
+
+
+def cut_at_stop(tokens: list[int], stops: list[int], limit: int, strings: StopStrings | None = None) -> list[int]:
+    """Up to and including the first stop id, else the first `limit`: [5, 7, 3, 2], [2, 7] -> [5, 7];
+    or up to the token that first completes a stop string, if that comes first."""
     end = next((i + 1 for i, t in enumerate(tokens) if t in stops), limit)
-    return tokens[:end]
+    found = strings.end(tokens[:end]) if strings is not None else None
+    return tokens[:found or end]
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

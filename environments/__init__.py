@@ -58,6 +58,7 @@ class Environment:
     a single-turn rollout, graded by the task."""
 
     plain = ("", "")  # the text around an observation where the chat template has no tool role
+    stop_strings: tuple = ()  # text that ends a turn where it first appears, kept (a plain-text call's end)
 
     def __init__(self, problem: Problem):
         self.problem = problem
@@ -133,6 +134,7 @@ class Calculator(ToolEnvironment):
     description = "Exact arithmetic: + - * / and parentheses over integers; the value, an integer or a fraction."
     MAX_CHARS = 200  # longer expressions are refused before parsing
     plain = ("<result>", "</result>")
+    stop_strings = ("</calc>",)
 
     def plain_call(self, turn: str) -> tuple[int, str] | None:
         calls = [(m.start(), m.group(1)) for m in re.finditer(r"<calc>(.*?)</calc>", turn, re.S)]
@@ -171,6 +173,7 @@ class PythonTool(ToolEnvironment):
         cls.box, notes = code_sandbox(isolation, Limits(timeout=timeout, memory=memory_mib << 20, stdout=64 << 10))
         return notes
     plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
+    stop_strings = ("```output",)  # where Qwen2.5-Math's and ToRL's turns end, the output's fence kept
 
     def plain_call(self, turn: str) -> tuple[int, str] | None:
         """The last closed ```python block, read as code problems read a response's program."""
@@ -228,7 +231,8 @@ class Turns:
 # why a trace ended: the environment said done (or failed), the tool environment found no call in the
 # turn, the turn cap, the context cap (--max-trace-tokens or the model's), a turn cut at max_new_tokens
 STOPS = ("done", "failed", "no_call", "max_turns", "context", "length")
-OWN = {"env/failures", "length/observation", "turns/mean", *(f"stop/{s}" for s in STOPS)}  # what the rollout counts; an environment's details may not
+# what the rollout counts; an environment's details may not
+OWN = {"env/failures", "length/observation", "turns/mean", *(f"stop/{s}" for s in STOPS)}
 
 
 class Session:
@@ -262,7 +266,7 @@ class Session:
             if set(numbers) & OWN:
                 raise EnvironmentFailed(f"details may not set {', '.join(sorted(set(numbers) & OWN))}")
             ids = None if step.observation is None else \
-                self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain)
+                self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain, turn)
         except Exception as e:  # noqa: BLE001 - an environment's bug (or text no tokenizer takes) ends its trace, never the run
             self.reward, self.details["env/failures"], self.stop = 0.0, 1, "failed"
             self.error = f"{type(e).__name__}: {e}" if not isinstance(e, EnvironmentFailed) else str(e)
@@ -302,9 +306,13 @@ class Observations:
                 warnings.warn("--env: the chat template renders no tool message; observations are appended as "
                               "plain text in the tool's own frame")
 
-    def __call__(self, text: str, cap: int, plain: tuple[str, str]) -> list[int]:
-        """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids."""
+    def __call__(self, text: str, cap: int, plain: tuple[str, str], turn: str = "") -> list[int]:
+        """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids. A
+        plain frame's start that the turn already wrote (it stopped at the stop string "```output") is
+        not written again: turn "...```output", plain ("```output\n", ...) -> "\n" + text + ..."""
         before, after = self.frame or plain
+        if self.frame is None:
+            before = before[next((k for k in range(len(before), 0, -1) if turn.endswith(before[:k])), 0):]
         with self.lock:
             ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"][:cap]
             return [*self.ids(before), *ids, *self.ids(after)]
@@ -347,8 +355,10 @@ class Environments:
     schemas to list in the prompt through the chat template (the built-in tools; None for a user's
     class, whose prompt is the task's)."""
 
-    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=(), pool=None):
+    def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=(), pool=None,
+                 stop_strings: tuple = ()):
         self.make, self.render, self.cap, self.tools, self.pool = make, render, cap, tools, pool
+        self.stop_strings = tuple(stop_strings)  # text that ends a turn (rollout.StopStrings)
         self.warnings = tuple(notes)  # said once by train.py and eval.py (a sandbox weaker than bubblewrap)
 
     def __call__(self, problem: Problem) -> Session:
@@ -368,13 +378,18 @@ def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, tim
     if not spec:
         return None
     render, cap = Observations(tokenizer, chat_template), turns.max_observation_tokens
+    # a built-in tool's plain-text call ends its turn only where the chat template frames no tool call
+    plain = render.frame is None
     if spec == "calculator":
-        return Environments(Calculator, render, cap, [Calculator.schema()])
+        return Environments(Calculator, render, cap, [Calculator.schema()],
+                            stop_strings=Calculator.stop_strings if plain else ())
     if spec == "python":
-        return Environments(PythonTool, render, cap, [PythonTool.schema()], PythonTool.prepare(*sandbox))
+        return Environments(PythonTool, render, cap, [PythonTool.schema()], PythonTool.prepare(*sandbox),
+                            stop_strings=PythonTool.stop_strings if plain else ())
     if plugin_spec(spec) is None:
         raise DataError(f"--env {spec!r}: give calculator, python or path/to/file.py:Class")
     from environments.worker import UserEnvironment
     pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN, budget=budget)
     pool.check()
-    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap, pool=pool)
+    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap, pool=pool,
+                        stop_strings=pool.stop_strings)

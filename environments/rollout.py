@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import rollout
 from environments import STOPS, Environments, Turns
 from rewards import Problem
-from rollout import Chunk, Episode, RolloutError, Sampling, Shape, ends, episodes, stop_ids
+from rollout import Chunk, Episode, RolloutError, Sampling, Shape, ends, episodes, stop_ids, stop_strings
 
 
 @dataclass
@@ -41,10 +41,12 @@ class MultiTurn(Shape):
     def write(self, lm, tokenizer, queries: list[list[int]], problems: list[Problem], groups: list[int],
               sampling: Sampling) -> list[Episode]:
         sessions = [self.environments(p) for p in problems]
-        # an Environments' rounds run under its budget; any other callable that makes Sessions, as they come
+        # an Environments' rounds run under its budget and its stop strings end turns; any other
+        # callable that makes Sessions, as they come
         rounds = getattr(self.environments, "round", contextlib.nullcontext)
+        sampling = replace(sampling, stop_strings=getattr(self.environments, "stop_strings", ()))
         traces = interact(lm, tokenizer, queries, sessions, sampling, self.turns, rounds)
-        batch = episodes(tokenizer, queries, traces, groups, problems)
+        batch = episodes(tokenizer, queries, traces, groups, problems, stop_strings(tokenizer, sampling))
         for e, session in zip(batch, sessions):
             settle_trace(e, session, tokenizer)
         return batch
@@ -67,7 +69,8 @@ class MultiTurn(Shape):
 def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: Sampling, turns,
              rounds=contextlib.nullcontext) -> list[list[Chunk]]:
     """Each query's multi-turn trace, in one `rollout.sample` call per turn over the
-    traces still going. A turn that ends with a stop id goes to its trace's session; an observation
+    traces still going. A turn that ends with a stop id (or a stop string of the environment's,
+    kept in the turn) goes to its trace's session; an observation
     comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
     the observation, so every turn's row holds exactly the context it was written in. A trace ends
     when its session says done (or fails), when a turn ends without a stop id (cut by
@@ -82,6 +85,7 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
     different length in every trace (docs/measured.md: the cost against the turn's decode).
     """
     stops, most = stop_ids(tokenizer), min((n for n in (turns.max_tokens, context_limit(lm)) if n), default=0)
+    strings = stop_strings(tokenizer, sampling)
     traces: list[list[Chunk]] = [[] for _ in queries]
     contexts, going = list(queries), list(range(len(queries)))
     for turn in range(turns.max_turns):
@@ -89,7 +93,7 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
             break
         for i, (new, logp) in zip(going, rollout.sample(lm, tokenizer, [contexts[i] for i in going], sampling)):
             traces[i].append(Chunk(contexts[i], new, logp))
-        asked = [i for i in going if ends(traces[i][-1].response_ids, stops)]
+        asked = [i for i in going if ends(traces[i][-1].response_ids, stops, strings)]
         for i in set(going) - set(asked):
             sessions[i].stop = "length"
         still = []

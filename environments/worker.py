@@ -21,6 +21,7 @@ worker by a stable hash, so all of a trace's turns reach the worker that holds i
 child says "ready" once the file is imported (or {"error": ...} if it would not import), then answers
 JSON lines, one reply per request:
 
+    request  {"describe": true}, once, by check()   reply {"stop_strings": [str]} or {"error": str}
     request  {"key": str, "problem": {Problem's fields}, "turns": [every model turn so far], "max_chars": n}
     reply    {"observation": str | None, "reward": float | None, "details": {str: float}}
              or {"failure": "error" | "invalid", "message": the exception's last line, or what broke the contract}
@@ -91,6 +92,7 @@ class UserEnvironment:
         command = module_command("environments.worker", "--env-worker", str(path), name)
         self.workers = [EnvWorker(command, timeout) for _ in range(workers)]
         self.deadline: float | None = None  # the current round's end (`round`); None: each step its timeout
+        self.stop_strings: tuple = ()  # the class's stop_strings, read by check()
         self.messages: dict[str, str] = {}  # a trace's last failure, said in words (`failure`)
 
     def check(self) -> None:
@@ -104,6 +106,10 @@ class UserEnvironment:
         if not first.start():
             raise DataError(f"--env {self.spec}: its worker did not start: "
                             f"{first.start_error or 'see the error above'}")
+        reply, _ = first.ask({"describe": True})
+        if reply is None or "error" in reply:
+            raise DataError(f"--env {self.spec}: {(reply or {}).get('error', 'its worker did not describe the class')}")
+        self.stop_strings = tuple(reply["stop_strings"])
 
     def step(self, key: str, problem: Problem, turns: list[str]) -> tuple[dict | None, str]:
         """Ask the environment of trace `key` to answer its latest turn, turns[-1] (turns: every model
@@ -264,7 +270,18 @@ def _env_worker(path: str, name: str) -> None:
     print(json.dumps("ready"), file=replies, flush=True)
     envs = _Held()
     for line in sys.stdin:
-        print(_answer(envs, cls, json.loads(line), path), file=replies, flush=True)
+        request = json.loads(line)
+        reply = _described(cls) if request.get("describe") else _answer(envs, cls, request, path)
+        print(reply, file=replies, flush=True)
+
+
+def _described(cls) -> str:
+    """What the trainer reads of the class before a rollout: its stop_strings (text that ends a turn
+    where it first appears), a list or tuple of non-empty str."""
+    strings = getattr(cls, "stop_strings", ())
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) and s for s in strings):
+        return json.dumps({"error": f"stop_strings is {strings!r:.100}: give a tuple of non-empty strings"})
+    return json.dumps({"stop_strings": [str.__str__(s) for s in strings]})
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--env-worker"]:

@@ -213,23 +213,24 @@ def test_steps_need_a_turn_and_envs_are_bounded():
 
 def test_a_round_of_hanging_steps_costs_about_one_timeout(env_file):
     """8 traces whose step hangs, on 2 workers, from 4 threads as environments/rollout.answers steps them:
-    in a round (UserEnvironment.round) they cost one timeout, the steps still waiting then failing at
-    once ("budget"); one after another, as before rounds, each cost its own timeout (8 × 1 s on 2 workers:
-    4 s). Each failure is said in words. A sound round after it is cut nowhere, though its steps are slow:
+    in a round (UserEnvironment.round) they cost one timeout, at most one step a worker timing out and
+    the steps still waiting then failing at once ("budget"); one after another, as before rounds,
+    each cost its own timeout (8 × 1.5 s on 2 workers: 6 s). Each failure is said in words. A sound round after it is cut nowhere, though its steps are slow:
     each answer moves the round's end on."""
     from concurrent.futures import ThreadPoolExecutor
-    env = open_env(env_file, timeout=1.0, workers=2)
+    env = open_env(env_file, timeout=1.5, workers=2)
     try:
         start = time.monotonic()
         with env.round(), ThreadPoolExecutor(4) as threads:
             got = list(threads.map(lambda k: env.step(f"k{k}", Problem("p", "", id=str(k)), ["hang"]), range(8)))
         took = time.monotonic() - start
-        assert all(reply is None for reply, _ in got) and {f for _, f in got} <= {"timeout", "budget"}
-        assert took < 2.5, took
-        assert env.messages["k0"] in ("a step took longer than --env-timeout 1 s",
-                                      "no step of its round of turns was answered for 1 s (--env-budget)")
-        with env.round(), ThreadPoolExecutor(4) as threads:  # 0.4 s a step, 4 a worker: 1.6 s > the budget
-            slow = list(threads.map(lambda k: env.step(f"s{k}", Problem("p", "", id=str(k)), ["slow"]), range(8)))
+        failures = sorted(f for _, f in got)  # one timeout a worker at most; the rest cut by the round's end
+        assert all(reply is None for reply, _ in got) and set(failures) <= {"timeout", "budget"}
+        assert failures.count("timeout") <= 2 and took < 4.0, (failures, took)
+        assert env.messages["k0"] in ("a step took longer than --env-timeout 1.5 s",
+                                      "no step of its round of turns was answered for 1.5 s (--env-budget)")
+        with env.round(), ThreadPoolExecutor(4) as threads:  # 0.4 s a step, 5 a worker: 2 s > the budget
+            slow = list(threads.map(lambda k: env.step(f"s{k}", Problem("p", "", id=str(k)), ["slow"]), range(10)))
         assert all(failure == "" for _, failure in slow)
     finally:
         env.close()
@@ -282,3 +283,18 @@ def test_a_file_whose_import_hangs_fails_the_start_up_check_in_one_line(tmp_path
     assert time.monotonic() - start < 10
     assert str(e.value) == (f"--env {path}:Env: its worker did not start: it did not say ready within 2 s "
                             "(an import that hangs?)")
+
+
+def test_a_class_names_its_stop_strings_and_a_bad_one_is_refused(tmp_path):
+    """A user's class may name stop_strings (text that ends a turn); check() reads them from the
+    worker, which imported the class, before any model loads. Not a tuple of non-empty strings: one line."""
+    path = tmp_path / "calls.py"
+    path.write_text("class Env:\n    stop_strings = ('</call>', '```output')\n"
+                    "    def __init__(self, problem): pass\n    def step(self, turn): return None\n"
+                    "class Bad(Env):\n    stop_strings = ('',)\n")
+    env = UserEnvironment(f"{path}:Env", workers=1)
+    env.check()
+    assert env.stop_strings == ("</call>", "```output")
+    env.close()
+    with pytest.raises(DataError, match=r"^--env .*:Bad: stop_strings is \(''\,\): give a tuple of non-empty strings$"):
+        UserEnvironment(f"{path}:Bad", workers=1).check()

@@ -604,3 +604,72 @@ def test_an_environment_failing_every_trace_stops_the_run_quoting_its_first_erro
     never = MultiTurn(lambda p: None, Turns(), give_up=(1.0, 0))
     for _ in range(3):
         never.check(step(4))
+
+
+# ============================================================================ stop strings
+
+class Spaced:
+    """A tokenizer stand-in whose text is the ids with spaces: [12, 7] -> "12 7"."""
+    pad_token_id = PAD
+
+    def __init__(self, eos):
+        self.eos_token_id = eos
+
+    def decode(self, ids, **_):
+        return " ".join(map(str, ids))
+
+
+def test_a_stop_string_ends_a_response_where_it_first_appears():
+    from rollout import StopStrings, cut_at_stop, ends
+    strings = StopStrings(Spaced(3), ["4 5"])
+    assert strings.end([1, 4, 5, 4, 5]) == 3 and strings.end([1, 4, 6]) is None
+    assert strings.end([14, 5]) == 2  # as text: "14 5" holds "4 5"
+    assert cut_at_stop([1, 4, 5, 9, 3], [3], 8, strings) == [1, 4, 5]  # the string first
+    assert cut_at_stop([1, 3, 4, 5], [3], 8, strings) == [1, 3]  # the stop id first
+    assert ends([1, 4, 5], [3], strings) and not ends([4, 5, 1], [3], strings) and ends([7, 3], [3])
+
+
+class Scripts:
+    """Sessions (Scripted) that answer every turn with [5, 6] until the 3rd, with a stop string."""
+
+    def __init__(self, stop: str):
+        self.stop_strings = (stop,)
+
+    def __call__(self, problem):
+        return Scripted([[5, 6], [5, 6]])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_multi_turn_traces_with_a_stop_string_are_equal_in_both_engines(arch):
+    """A stop string two tokens long, taken from what the model writes greedily mid-turn: both engines
+    cut the turns where it first completes (kept in the turn), ask the environment, and write the same
+    traces token for token; turns it cut are shorter than the budget and count as ended."""
+    lm = random_lm(arch)
+    rows = [p for p in prompts([3, 9, 5, 7]) for _ in range(2)]
+    greedy = Sampling(temperature=0, max_new_tokens=24, engine="hf")
+    from rollout import sample
+    first = sample(lm, Spaced(10_000), rows, greedy)[0][0]
+    stop = f"{first[4]} {first[5]}"
+    traces = {}
+    for engine in ("hf", "fast"):
+        traces[engine] = generate(lm, Spaced(10_000), [Problem("p", "1")] * 4, rows[::2], group_size=2,
+                                  sampling=replace(greedy, engine=engine), shape=MultiTurn(Scripts(stop), Turns(3)))
+    assert [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in traces["fast"]] == \
+        [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in traces["hf"]]
+    cut = [c.response_ids for e in traces["hf"] for c in e.chunks if len(c.response_ids) < 24]
+    assert cut and all(" ".join(map(str, r)).endswith(stop.split()[-1]) and stop in " ".join(map(str, r))
+                       for r in cut)
+    assert any(len(e.chunks) > 1 for e in traces["hf"])  # a cut turn was asked, and answered
+
+
+def test_a_plain_frame_does_not_repeat_the_stop_string_the_turn_wrote():
+    """Qwen2.5-Math's format without a chat template: the turn stops at "```output" (kept), so the
+    observation starts after it: "\\n42\\n```\\n", not "```output\\n42\\n```\\n" again."""
+    tok = load_tokenizer(TINY)
+    render = Observations(tok, chat_template=False)
+    ids = render("42", 16, PythonTool.plain, turn="```python\nprint(42)\n```\n```output")
+    assert tok.decode(ids) == "\n42\n```\n"
+    assert tok.decode(render("42", 16, PythonTool.plain, turn="no fence")) == "```output\n42\n```\n"
+    environments = environment_for("python", Turns(), tok, chat_template=False)
+    assert environments.stop_strings == ("```output",)
+    assert environment_for("python", Turns(), tok, chat_template=True).stop_strings == ()  # its tool role frames calls
