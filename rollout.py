@@ -291,7 +291,7 @@ def reserve(lm, cfg, world: int) -> None:
     """Size the engine's slab for the run's largest generate call on this rank before the first
     (Engine.reserve), when the engine generates for lm: call_rows by prompt_tokens + max_new_tokens;
     kept all run, or given back after each call (--engine-release)."""
-    if engine_for(cfg.engine, next(lm.parameters()).device.type) == "fast" and Engine.unsupported(lm) is None:
+    if by_engine(lm, Sampling(engine=cfg.engine, engine_compile=cfg.engine_compile)):
         Engine.of(lm, cfg.engine_compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
                                                   release=cfg.engine_release)
 

@@ -70,9 +70,9 @@ def interact(lm, tokenizer, queries: list[list[int]], sessions: list, sampling: 
              rounds=contextlib.nullcontext) -> list[list[Chunk]]:
     """Each query's multi-turn trace, in one `rollout.sample` call per turn over the
     traces still going. A turn that ends with a stop id (or a stop string of the environment's,
-    kept in the turn) goes to its trace's session; an observation
-    comes back (token ids), and the trace's next turn is prompted with its last prompt ⧺ the turn ⧺
-    the observation, so every turn's row holds exactly the context it was written in. A trace ends
+    kept in the turn) goes to its trace's session; an observation comes back (token ids), and the
+    trace's next turn is prompted with its last prompt ⧺ the turn ⧺ the observation, so every
+    turn's row holds exactly the context it was written in. A trace ends
     when its session says done (or fails), when a turn ends without a stop id (cut by
     max_new_tokens), at turns.max_turns, or when its next context plus a turn would pass
     turns.max_tokens or the model's context (max_position_embeddings); session.stop says which
