@@ -49,7 +49,8 @@ from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithm
 class Step:
     """An environment's answer to one turn."""
     observation: str | None = None  # text the model reads next (a tool's output); None: the trace is done
-    reward: float | None = None  # when done: the trace's reward; None: the task grades the last turn
+    reward: float | None = None  # when done: the trace's reward (None: the task grades the last turn); with an
+    # observation: this turn's reward, which --turn-credit turns into advantages (docs/math.md §8)
     details: dict = field(default_factory=dict)  # numbers to log, summed over the trace's turns
 
 
@@ -244,6 +245,7 @@ class Session:
     def __init__(self, env: Environment, render: "Observations", cap: int):
         self.env, self.render, self.cap = env, render, cap
         self.reward: float | None = None  # the environment's reward for the trace, if it gave one
+        self.turn_rewards: list[float] = []  # of each turn answered with an observation: the Step's reward, or 0
         self.cut = False  # the rollout's caps stopped the trace while the environment still answered
         self.stop = ""  # why the trace ended: one of STOPS (environments/rollout.py's interact sets it)
         self.error = ""  # what failed, in words, when the environment failed
@@ -277,6 +279,8 @@ class Session:
             self.stop = "no_call" if isinstance(self.env, ToolEnvironment) else "done"
             return None
         self.pending = {**numbers, "length/observation": len(ids)}
+        # the turn earned it, whether or not the caps let the model read the observation
+        self.turn_rewards.append(0.0 if step.reward is None else float(step.reward))
         return ids
 
     def seen(self) -> None:

@@ -7,7 +7,8 @@ The class you write:
         def __init__(self, problem):      # a rewards.Problem (prompt, answer, domain, id)
         def step(self, turn: str):        # the model's latest turn -> an object with the attributes
             observation                   #   str: what the model sees next; None: the trace is done
-            reward                        #   None: the task grades the trace; else a finite real number
+            reward                        #   None or a finite real number: with an observation, this turn's
+                                          #   reward; when done, the trace's (None: the task grades it)
             details                       #   optional: a dict of str -> finite real number (metrics)
 
 It must be deterministic: its state after some turns must be a function of the problem and those turns
