@@ -343,6 +343,12 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     return markovian_checks(cfg) + [
         (not (cfg.env and max(cfg.max_chunks, cfg.eval_max_chunks) > 1),
          "--env writes multi-turn traces and max_chunks > 1 Markovian ones: one or the other"),
+        (cfg.turn_credit == "outcome" or bool(cfg.env),
+         f"turn_credit={cfg.turn_credit!r} credits the turns of multi-turn traces: give --env, or drop it"),
+        (cfg.turn_gamma == 1 or cfg.turn_credit == "return",
+         f"turn_gamma={cfg.turn_gamma} is the discount of --turn-credit return, not {cfg.turn_credit}"),
+        (cfg.turn_adv_coef == 1 or cfg.turn_credit == "mt_grpo",
+         f"turn_adv_coef={cfg.turn_adv_coef} weighs the turn advantages of --turn-credit mt_grpo, not {cfg.turn_credit}"),
         (not cfg.max_trace_tokens or cfg.max_trace_tokens >= cfg.max_new_tokens,
          f"max_trace_tokens={cfg.max_trace_tokens} leaves no room for a turn of max_new_tokens={cfg.max_new_tokens}"),
         (not cfg.overlong_penalty or 0 <= cfg.overlong_cache <= response_tokens(cfg),

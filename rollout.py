@@ -60,6 +60,8 @@ class Episode:
     env_reward: float | None = None  # a multi-turn trace's reward from its environment; None: the task grades
     transcript: str = ""  # a multi-turn trace after its query, observations included (for logs)
     env_error: str = ""  # what failed, in words, when a multi-turn trace's environment failed
+    turn_rewards: list[float] = field(default_factory=list)  # a multi-turn trace's environment rewards, one per row
+    turn_advantages: list[float] = field(default_factory=list)  # one per row under --turn-credit; empty: `advantage`
 
     def settle(self, verdict) -> None:
         """Take the grader's verdict (rewards.Verdict), unless the environment rewarded the trace."""

@@ -54,6 +54,7 @@ from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
                     require_trackers, response_tokens, rollout_shapes, trackers, validate)
 from engine import counters, run_counters
+from environments.credit import row_advantage, set_turn_advantages
 from eval import evaluate
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
@@ -108,14 +109,14 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config, ra
 
 
 def shaped_score(e: Episode, cfg: Config) -> float:
-    """What the advantages see: the reward, 0 for a response without EOS under zero_truncated
-    (Dr. GRPO), plus DAPO's soft overlong penalty, whose ramp is overlong_cache tokens long (0: a
-    fifth of response_tokens, DAPO's 4096 of 20480). Response tokens 80, length 72, reward 1 -> 1 − 8/16 = 0.5."""
+    """What the advantages see: the reward (0 without EOS under zero_truncated, Dr. GRPO), DAPO's soft
+    overlong penalty (its ramp overlong_cache tokens; 0: a fifth of response_tokens, DAPO's 4096 of
+    20480) and a multi-turn trace's turn rewards. Response tokens 80, length 72, reward 1 -> 1 − 8/16."""
     score = 0.0 if cfg.zero_truncated and e.truncated else e.reward
     if cfg.overlong_penalty:
         most = response_tokens(cfg)
         score += overlong_penalty(len(e.response_ids), most, cfg.overlong_cache or most // 5)
-    return score
+    return score + sum(e.turn_rewards)
 
 
 def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
@@ -186,17 +187,17 @@ def update(learner: Learner, episodes: list[Episode]) -> dict:
 
 
 def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
-    """e.advantage of every response, from the scores [n_groups, G] of the whole global batch
-    (left at 0 for an algorithm without advantages: PACS's loss reads the labels)."""
+    """e.advantage of every response from the scores [n_groups, G] of the whole global batch (none for
+    PACS: its loss reads the labels); under --turn-credit, each turn row's own (environments/credit.py)."""
     if algo.advantages is None:
         return
+    if cfg.turn_credit != "outcome":
+        return set_turn_advantages(episodes, algo.norm(cfg), cfg)
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
-    if algo.response_tokens:  # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens
-        tokens = torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)
-        adv = algo.advantages(scores, cfg, tokens)
-    else:
-        adv = algo.advantages(scores, cfg)
-    adv = adv.flatten().float()
+    # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens
+    tokens = [torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)] \
+        if algo.response_tokens else []
+    adv = algo.advantages(scores, cfg, *tokens).flatten().float()
     for e, a in zip(episodes, adv.tolist()):
         e.advantage = a
 
@@ -309,7 +310,7 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
         is_weight = sampler_correction(old["logp"], batch.sampler_logp, mask, tis_cap=cfg.tis_cap, mis_cap=cfg.mis_cap)
     return LossInputs(
         logp=out["logp"], old_logp=old["logp"], mask=mask,
-        adv=torch.tensor([e.advantage for e in episodes], device=device),
+        adv=torch.tensor([row_advantage(e, c) for e, c in rows], device=device),
         labels=torch.tensor([float(e.score > 0) for e in episodes], device=device),
         group=torch.tensor([e.group for e in episodes], device=device),
         # a row's whole response, which for a chunk is its trace (docs/math.md §5)

@@ -59,6 +59,11 @@ class Algorithm:
     whole_groups every group sits whole inside one micro-batch (PACS compares a group's rows)
     response_tokens  advantages also gets tokens [n_groups, G], the tokens of each response the
                  loss trains on (REINFORCE++ whitens over the batch's tokens, not its responses)
+    norm         (cfg) -> the settings (adv_norm, std_estimator, eps) of policy_gradient.advantages
+                 that `advantages` applies, so that a turn credit rule (--turn-credit, environments/
+                 credit.py) can apply them to each turn's rows of a group; None: the advantage is not a
+                 group normalisation of rewards (NSR's ±1 labels, REINFORCE++'s token whitening, PACS),
+                 or a response is one row (GSPO): it cannot take per-row advantages
     select_tokens  (tokens, cfg, generator) -> bool [N]: a choice of tokens that needs the whole
                  mini-batch (Clip-Cov, KL-Cov). tokens: flat [N] tensors of the mini-batch on all
                  ranks, response after response: logp at the current weights, old_logp, entropy,
@@ -77,6 +82,7 @@ class Algorithm:
     whole_groups: bool = False
     response_tokens: bool = False
     select_tokens: Callable | None = None
+    norm: Callable | None = None
 
 
 @dataclass
@@ -86,7 +92,7 @@ class LossInputs:
     logp: torch.Tensor  # [n, T] log π_θ of each taken token (float32, z/τ), with gradient
     old_logp: torch.Tensor  # [n, T] log π_old, no gradient
     mask: torch.Tensor  # [n, T] float, 1 on the tokens the loss trains on
-    adv: torch.Tensor  # [n] the advantage of the row's response (0 where Algorithm.advantages is None)
+    adv: torch.Tensor  # [n] the row's advantage: its response's, or its turn's (--turn-credit); 0 without advantages
     labels: torch.Tensor | None = None  # [n] 1.0 if the response is correct (score > 0), else 0.0 (PACS)
     group: torch.Tensor | None = None  # [n] group id: rows of one prompt share it
     seq_tokens: torch.Tensor | None = None  # [n] trained tokens of the row's whole response (its trace)

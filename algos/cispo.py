@@ -33,8 +33,8 @@ from algos.base import Algorithm, LossInputs
 
 PRESET = dict(adv_norm="group", clip_low=10.0, clip_high=0.2, loss_agg="token-mean", mini_batches=4,
               weight_decay=0.01)  # verl's actor optimizer default
-KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.CLIP_KNOBS, policy_gradient.LOSS_AGG,
-         *policy_gradient.AGGREGATE_KNOBS)  # no dual clip
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.TURN_CREDIT_KNOBS, *policy_gradient.CLIP_KNOBS,
+         policy_gradient.LOSS_AGG, *policy_gradient.AGGREGATE_KNOBS)  # no dual clip
 
 
 def loss(mb: LossInputs, cfg, totals: dict):
@@ -50,4 +50,5 @@ def loss(mb: LossInputs, cfg, totals: dict):
 
 
 ALGORITHMS = [Algorithm("cispo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
+                        norm=policy_gradient.batch_norm,
                         refuses={"dual_clip": "every token keeps its gradient; only the weight is clipped"})]

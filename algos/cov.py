@@ -55,7 +55,7 @@ PRESETS = {
     "clip_cov": dict(clip_low=0.2, clip_high=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, **_VERL),
     "kl_cov": dict(kl_cov_ratio=2e-4, kl_cov_coef=0.1, **_VERL),
 }
-_SHARED = (*policy_gradient.ADVANTAGE_KNOBS, policy_gradient.LOSS_AGG,
+_SHARED = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.TURN_CREDIT_KNOBS, policy_gradient.LOSS_AGG,
            *policy_gradient.AGGREGATE_KNOBS)  # neither has a dual clip
 CLIP_COV_KNOBS = (
     Knob("clip_cov_ratio", 2e-4, "at most this fraction of the valid tokens loses its gradient", above=0, at_most=1),
@@ -138,8 +138,9 @@ def check_window(cfg) -> str:
 _NO_CLIP = "its −A·r is not clipped"
 ALGORITHMS = [
     Algorithm("clip_cov", PRESETS["clip_cov"], policy_gradient.batch_advantages, clip_cov_loss,
-              knobs=CLIP_COV_KNOBS, group_baseline=True, check=check_window, select_tokens=select_clip_cov),
+              knobs=CLIP_COV_KNOBS, group_baseline=True, check=check_window, select_tokens=select_clip_cov,
+              norm=policy_gradient.batch_norm),
     Algorithm("kl_cov", PRESETS["kl_cov"], policy_gradient.batch_advantages, kl_cov_loss, knobs=KL_COV_KNOBS,
-              group_baseline=True, select_tokens=select_kl_cov,
+              group_baseline=True, select_tokens=select_kl_cov, norm=policy_gradient.batch_norm,
               refuses={"clip_low": _NO_CLIP, "clip_high": _NO_CLIP, "dual_clip": _NO_CLIP}),
 ]

@@ -41,8 +41,8 @@ PRESETS = {
     "lite_ppo": dict(adv_norm="batch", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
     "rloo": dict(adv_norm="rloo", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
 }
-KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.CLIP_KNOBS, policy_gradient.DUAL_CLIP,
-         policy_gradient.LOSS_AGG, *policy_gradient.AGGREGATE_KNOBS)
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.TURN_CREDIT_KNOBS, *policy_gradient.CLIP_KNOBS,
+         policy_gradient.DUAL_CLIP, policy_gradient.LOSS_AGG, *policy_gradient.AGGREGATE_KNOBS)
 
 
 def loss(mb: LossInputs, cfg, totals: dict):
@@ -59,5 +59,6 @@ def loss(mb: LossInputs, cfg, totals: dict):
     return policy_gradient.aggregate(per_token, mb, cfg, totals, loss_agg=cfg.loss_agg, metrics=metrics)
 
 
-ALGORITHMS = [Algorithm(name, preset, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True)
+ALGORITHMS = [Algorithm(name, preset, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
+                        norm=policy_gradient.batch_norm)
               for name, preset in PRESETS.items()]

@@ -29,6 +29,15 @@ ADVANTAGE_KNOBS = (
     Knob("adv_norm", "group", "group | batch (Lite PPO) | none (Dr. GRPO) | rloo", choices=ADV_NORMS),
     Knob("std_estimator", "unbiased", "unbiased (n − 1, TRL/verl) | population", choices=("unbiased", "population")),
     Knob("adv_eps", 1e-6, "added to the std before dividing", at_least=0))
+# read by every algorithm whose advantage a turn credit rule can apply to each turn (Algorithm.norm)
+TURN_CREDIT_KNOBS = (
+    Knob("turn_credit", "outcome", "how a multi-turn trace's rewards become its turns' advantages (docs/math.md "
+         "§8): outcome (its return's, every turn) | return (each turn's discounted return-to-go, normalised "
+         "among its group's traces at that turn) | mt_grpo (the outcome's + λ × the turn rewards' from that "
+         "turn on)", choices=("outcome", "return", "mt_grpo")),
+    Knob("turn_gamma", 1.0, "γ: --turn-credit return's discount per turn", above=0, at_most=1),
+    Knob("turn_adv_coef", 1.0, "λ: --turn-credit mt_grpo's weight of the turn advantages (MT-GRPO's "
+         "turn_advantage_coef)", at_least=0))
 CLIP_KNOBS = (
     Knob("clip_low", 0.2, "ε_low: ratio clipped below at 1 − ε_low", at_least=0),
     Knob("clip_high", 0.2, "ε_high: ratio clipped above at 1 + ε_high (DAPO clip-higher 0.28)", at_least=0))
@@ -151,7 +160,11 @@ def token_share(x: torch.Tensor, mb: LossInputs, totals: dict) -> torch.Tensor:
     return (mb.mask * x).sum().detach() / max(totals["tokens"], 1)
 
 
+def batch_norm(cfg) -> dict:
+    """advantages' settings as the run's ADVANTAGE_KNOBS set them (an Algorithm.norm)."""
+    return dict(adv_norm=cfg.adv_norm, std_estimator=cfg.std_estimator, eps=cfg.adv_eps)
+
+
 def batch_advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
     """advantages as the run's ADVANTAGE_KNOBS set them: an Algorithm.advantages (GRPO's and others')."""
-    return advantages(scores, adv_norm=cfg.adv_norm, std_estimator=cfg.std_estimator,
-                      eps=cfg.adv_eps)
+    return advantages(scores, **batch_norm(cfg))

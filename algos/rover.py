@@ -45,13 +45,19 @@ KNOBS = (Knob("rover_temp", 1.0, "ρ: Q = ρ · (logp − logp_old)", above=0),
          Knob("rover_adv", "group", "group (official math recipe) | mean (paper: R − group mean)",
               choices=ROVER_ADVS),
          *policy_gradient.ADVANTAGE_KNOBS[1:],  # std_estimator, adv_eps: the group z-score's
+         *policy_gradient.TURN_CREDIT_KNOBS,
          TOP_ENTROPY_QUANTILE)
+
+
+def norm(cfg) -> dict:
+    """policy_gradient.advantages' settings for rover_adv: group (z-score) or mean (R − group mean)."""
+    return dict(adv_norm="group" if cfg.rover_adv == "group" else "none", std_estimator=cfg.std_estimator,
+                eps=cfg.adv_eps)
 
 
 def advantages(scores: torch.Tensor, cfg) -> torch.Tensor:
     """[[1, 0, 0, 1]] -> group: [[0.866, −0.866, −0.866, 0.866]]; mean: [[0.5, −0.5, −0.5, 0.5]]."""
-    return policy_gradient.advantages(scores, adv_norm="group" if cfg.rover_adv == "group" else "none",
-                                      std_estimator=cfg.std_estimator, eps=cfg.adv_eps)
+    return policy_gradient.advantages(scores, **norm(cfg))
 
 
 def next_values(vocab_mean, old_vocab_mean, mask, rho: float) -> torch.Tensor:
@@ -84,6 +90,6 @@ def loss(mb: LossInputs, cfg, totals: dict):
     return per_token.sum() / n_tokens, metrics
 
 
-ALGORITHMS = [Algorithm("rover", PRESET, advantages, loss, knobs=KNOBS, group_baseline=True, vocab_mean=True,
+ALGORITHMS = [Algorithm("rover", PRESET, advantages, loss, knobs=KNOBS, group_baseline=True, vocab_mean=True, norm=norm,
                         refuses={"beta": "its loss has no KL term, so it loads no reference model",
                                  "loss_agg": "its loss is always the global token-mean"})]

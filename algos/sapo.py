@@ -33,7 +33,7 @@ from algos.base import Algorithm, Knob, LossInputs
 
 PRESET = dict(adv_norm="group", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
               mini_batches=4, weight_decay=0.01)  # verl's actor optimizer default
-KNOBS = (*policy_gradient.ADVANTAGE_KNOBS,
+KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.TURN_CREDIT_KNOBS,
          Knob("sapo_tau_pos", 1.0, "gate temperature where A > 0: ℓ = −σ(τ(r − 1))·4/τ·A", above=0),
          Knob("sapo_tau_neg", 1.05, "gate temperature where A ≤ 0 (larger: negative updates fade faster "
               "off-policy)", above=0),
@@ -61,5 +61,6 @@ def loss(mb: LossInputs, cfg, totals: dict):
 
 _GATE = "its smooth gate replaces the clip"
 ALGORITHMS = [Algorithm("sapo", PRESET, policy_gradient.batch_advantages, loss, knobs=KNOBS, group_baseline=True,
+                        norm=policy_gradient.batch_norm,
                         refuses={"loss_agg": "it always aggregates seq-mean-token-mean, as verl and TRL do",
                                  "clip_low": _GATE, "clip_high": _GATE, "dual_clip": _GATE})]

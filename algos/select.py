@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from algos.high_entropy import high_entropy
+from environments.credit import row_advantage
 
 
 def batch_wide(algo, cfg) -> bool:
@@ -65,7 +66,9 @@ def token_flags(algo, cfg, mb_episodes: list, micro: list, current: list, olds: 
         return torch.cat([torch.full((len(e.response_ids),), float(v)) for e, v in zip(mb_episodes, values)])
 
     tokens = {**dict(zip(("logp", "old_logp", "entropy"), flat)),
-              "adv": per_response([e.advantage for e in mb_episodes]), "mask": per_response(in_loss)}
+              "adv": torch.cat([torch.full((len(c.response_ids),), row_advantage(e, c))
+                                for e in mb_episodes for c in e.rows()]),
+              "mask": per_response(in_loss)}
     picked = {}
     if algo.select_tokens is not None:
         picked["selected"] = algo.select_tokens(tokens, cfg, torch.Generator().manual_seed(seed))

@@ -134,7 +134,7 @@ def answers(tokenizer, sessions: list, turns: list[list[int]]) -> list[list[int]
 
 
 def settle_trace(e: Episode, session, tokenizer) -> None:
-    """What a multi-turn Episode keeps of its session: the environment's reward, its numbers, and
+    """What a multi-turn Episode keeps of its session: the environment's rewards, its numbers, and
     the grader's text, the last turn alone (never an observation, which a tool could fill with a
     forged answer). A trace the caps stopped while its environment still answered is truncated."""
     last = e.chunks[-1]
@@ -142,5 +142,7 @@ def settle_trace(e: Episode, session, tokenizer) -> None:
     e.transcript = tokenizer.decode(last.prompt_ids[len(e.prompt_ids):] + last.response_ids)
     e.truncated = e.truncated or session.cut
     stopped = {f"stop/{reason}": float(reason == session.stop) for reason in STOPS}
-    e.env_reward, e.details = session.reward, {**session.details, **stopped, "turns/mean": len(e.chunks)}
+    e.turn_rewards = (session.turn_rewards + [0.0] * len(e.chunks))[:len(e.chunks)]  # a turn cut unanswered earns 0
+    e.env_reward, e.details = session.reward, {**session.details, **stopped, "turns/mean": len(e.chunks),
+                                               "turns/reward": sum(e.turn_rewards)}
     e.env_error = session.error

@@ -161,12 +161,12 @@ def test_shaping_zero_truncated_and_overlong_buffer_scale_with_the_budget():
     from types import SimpleNamespace
     from config import parse_config
     from train import shaped_score
-    e = SimpleNamespace(reward=1.0, truncated=False, response_ids=[0] * 72)
+    e = SimpleNamespace(reward=1.0, truncated=False, response_ids=[0] * 72, turn_rewards=[])
     assert shaped_score(e, parse_config(["--algo", "dapo"])) == pytest.approx(1 - 8 / 16)  # budget 80: buffer 16
     assert shaped_score(e, parse_config(["--algo", "dapo", "--max-new-tokens", "160"])) == 1.0  # buffer 32 from 128
     e.response_ids = [0] * 144
     assert shaped_score(e, parse_config(["--algo", "dapo", "--max-new-tokens", "160"])) == pytest.approx(1 - 16 / 32)
-    cut = SimpleNamespace(reward=1.0, truncated=True, response_ids=[0] * 80)
+    cut = SimpleNamespace(reward=1.0, truncated=True, response_ids=[0] * 80, turn_rewards=[])
     assert shaped_score(cut, parse_config(["--algo", "dr_grpo"])) == 0.0
     assert shaped_score(cut, parse_config(["--algo", "grpo"])) == 1.0
 

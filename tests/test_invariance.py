@@ -20,7 +20,7 @@ def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
     """3 groups of 4 with ragged prompts/responses, one truncated response, mixed rewards.
     chunked: Markovian traces, written in chunks of 3 then 2 tokens (C = 3, m = 1, h = 0).
     turns: multi-turn traces, turns of 3 then 2 tokens, each next turn prompted with all before
-    it and 1 to 3 observation tokens."""
+    it and 1 to 3 observation tokens, and turn rewards (docs/math.md §8)."""
     rng = random.Random(seed)
     eps = []
     for gi in range(groups):
@@ -40,8 +40,10 @@ def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
             eps.append(Episode(prompt_ids=q, response_ids=resp, text="", truncated=(gi, i) == (1, 2),
                                group=gi, problem=Problem("p", "0"), reward=float(rng.random() < 0.5),
                                chunks=chunks))
+    draw = random.Random(seed + 1)  # turn rewards, drawn apart so that the traces are those of before
     for e in eps:
-        e.score = e.reward
+        e.turn_rewards = [draw.choice([0.0, 0.0, 0.5, 1.0]) for _ in e.chunks] if turns else []
+        e.score = e.reward + sum(e.turn_rewards)
     return eps
 
 
@@ -127,7 +129,13 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          # anywhere over micro-batches and ranks, normalised by written tokens only
          ("grpo", {"env": "calculator"}), ("dapo", {"env": "calculator", "mask_truncated": True}),
          ("dr_grpo", {"env": "calculator"}), ("cispo", {"env": "calculator", "mini_batches": 2}),
-         ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "env": "calculator"})]
+         ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "env": "calculator"}),
+         # each turn row its own advantage (--turn-credit), also in a batch-wide token choice
+         ("grpo", {"env": "calculator", "turn_credit": "return", "turn_gamma": 0.5}),
+         ("lite_ppo", {"env": "calculator", "turn_credit": "mt_grpo"}),
+         ("rover", {"mini_batches": 2, "env": "calculator", "turn_credit": "return"}),
+         ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "env": "calculator",
+                     "turn_credit": "mt_grpo", "turn_adv_coef": 0.5})]
 
 
 def config(algo, over, micro):
