@@ -82,8 +82,8 @@ def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tool
                    ) -> list[list[int]]:
     """Token ids of each prompt, through the tokenizer's chat template when it has one and
     chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model.
-    tools: JSON schemas the template lists in the prompt (--env's built-in tools; a template that
-    has no tool list ignores them)."""
+    tools: JSON schemas the template lists in the prompt (--env's tools: a built-in tool's, or those a
+    user's class declares; a template that has no tool list ignores them)."""
     out = []
     for p in problems:
         if chat_template and tokenizer.chat_template:

@@ -49,12 +49,12 @@ from transformers.utils import logging as hf_logging
 import algos
 import data
 from algos import LossInputs
+from algos.credit import row_advantage, set_turn_advantages
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
                     require_trackers, response_tokens, rollout_shapes, trackers, validate)
 from engine import counters, run_counters
-from environments.credit import row_advantage, set_turn_advantages
 from eval import evaluate
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
@@ -188,7 +188,7 @@ def update(learner: Learner, episodes: list[Episode]) -> dict:
 
 def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     """e.advantage of every response from the scores [n_groups, G] of the whole global batch (none for
-    PACS: its loss reads the labels); under --turn-credit, each turn row's own (environments/credit.py)."""
+    PACS: its loss reads the labels); under --turn-credit, each turn row's own (algos/credit.py)."""
     if algo.advantages is None:
         return
     if cfg.turn_credit != "outcome":

@@ -60,8 +60,8 @@ class Algorithm:
     response_tokens  advantages also gets tokens [n_groups, G], the tokens of each response the
                  loss trains on (REINFORCE++ whitens over the batch's tokens, not its responses)
     norm         (cfg) -> the settings (adv_norm, std_estimator, eps) of policy_gradient.advantages
-                 that `advantages` applies, so that a turn credit rule (--turn-credit, environments/
-                 credit.py) can apply them to each turn's rows of a group; None: the advantage is not a
+                 that `advantages` applies, so that a turn credit rule (--turn-credit, algos/credit.py)
+                 can apply them to each turn's rows of a group; None: the advantage is not a
                  group normalisation of rewards (NSR's ±1 labels, REINFORCE++'s token whitening, PACS),
                  or a response is one row (GSPO): it cannot take per-row advantages
     select_tokens  (tokens, cfg, generator) -> bool [N]: a choice of tokens that needs the whole

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from algos.high_entropy import high_entropy
-from environments.credit import row_advantage
+from algos.credit import row_advantage
 
 
 def batch_wide(algo, cfg) -> bool:

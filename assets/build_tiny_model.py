@@ -39,7 +39,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import environments  # noqa: E402
+import environments.tools  # noqa: E402
 from model import ResponseLogProbs, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask  # noqa: E402
 from environments.rollout import MultiTurn  # noqa: E402
@@ -100,7 +100,7 @@ def tool_rows(tok, query: list[int], terms: list[int], render) -> list[Chunk]:
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     total = sum(terms)
     call = ids("<calc>" + "+".join(map(str, terms)) + "</calc>") + [tok.eos_token_id]
-    observation = render(str(total), TURNS.max_observation_tokens, environments.Calculator.plain)
+    observation = render(str(total), TURNS.max_observation_tokens, environments.tools.Calculator.plain)
     return [Chunk(query, call),
             Chunk(query + call + observation, ids(f"<answer>{total}</answer>") + [tok.eos_token_id])]
 

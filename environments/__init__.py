@@ -1,21 +1,24 @@
-"""Multi-turn rollouts: the environment seam, and two built-in tools (`--env`).
+"""Multi-turn rollouts: the environment seam (`--env`); tools from functions: environments/tools.py.
 
 A trace is the model's turns interleaved with observations:
 
     prompt (the task's) -> turn 1 -> observation 1 -> turn 2 -> ... -> turn k (done)
 
 After each turn that ends with a stop id, the trace's environment reads the turn (decoded text) and
-answers with a `Step`: an observation to append (a tool's output) and the model writes the next
-turn, or `observation=None`: the trace is done, with the environment's reward or, when it gives
-none, the task's grade of the last turn. The observation is rendered as a "tool" message of the
+answers with a `Step`: an observation to append and the model writes the next turn, or
+`observation=None`: the trace is done, with the environment's reward or, when it gives none, the
+task's grade of the last turn. An observation is one message (a str) or several (a list of str,
+e.g. the outputs of a turn's tool calls, one each); each is rendered as a "tool" message of the
 model's chat template when the template has one (Qwen2.5's, Llama 3's, the tiny model's), else
-appended as plain text; its tokens are context for the next turn and never trained
-(environments/rollout.py: every turn is a training row whose prompt holds all that came before, docs/math.md §8).
+appended as plain text in the environment's `plain` frame; its tokens are context for the next turn
+and never trained (environments/rollout.py: every turn is a training row whose prompt holds all
+that came before, docs/math.md §8).
 
-    --env calculator          a turn holding <calc>EXPR</calc> gets EXPR's exact value back
-    --env python              a turn holding a ```python block gets the program's stdout back
+    --env calculator          every <calc>EXPR</calc> (or calculator call) of a turn gets EXPR's exact value back
+    --env python              every ```python block (or python call) of a turn gets the program's stdout back
     --env path/file.py:Class  your own: Class(problem) with step(turn) -> Step, run in worker
-                              processes (environments/worker.py), bounded like a --reward function
+                              processes (environments/worker.py), bounded like a --reward function;
+                              a class may list tools (functions), which the chat template lists too
 
 Why this interface: it is tinker-cookbook's `Env` (an initial observation, then `step(action)` ->
 reward, done, next observation) without the first call, because the task already makes each
@@ -24,10 +27,11 @@ turns; and it takes and returns text, because tools read text, while the token b
 chat template, the caps, the mask) stays in one place, here and in environments/rollout.py. One environment
 object per trace, so a tool may keep state across the turns of its trace.
 
-Bounds: a turn cap (--max-turns), an observation cap in tokens (--max-observation-tokens), and a
-context cap per trace (--max-trace-tokens). An environment that raises, hangs (--env-timeout, for
-a user's class), answers with something else than a Step of text, or returns megabytes ends its
-trace with reward 0, counted in env/failures; the run goes on. Logged per trace, averaged:
+Bounds: a turn cap (--max-turns), an observation cap in tokens (--max-observation-tokens, all its
+messages together: `fair_cut`), at most MAX_MESSAGES messages, and a context cap per trace
+(--max-trace-tokens). An environment that raises, hangs (--env-timeout, for a user's class),
+answers with something else than a Step of text, or returns megabytes ends its trace with reward
+0, counted in env/failures; the run goes on. Logged per trace, averaged:
 turns/mean, tools/calls, tools/errors, tools/correct (calls whose value equals the gold answer),
 length/observation (observation tokens), env/failures.
 """
@@ -35,20 +39,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import re
-import textwrap
 import threading
 import warnings
 from dataclasses import dataclass, field
 
-from rewards import DataError, ExpressionError, Problem, is_reward, parse_arithmetic, plugin_spec
+from rewards import DataError, Problem, is_reward, plugin_spec
 
 
 @dataclass
 class Step:
     """An environment's answer to one turn."""
-    observation: str | None = None  # text the model reads next (a tool's output); None: the trace is done
+    observation: str | list[str] | None = None  # the message(s) the model reads next (tools' outputs); None: done
     reward: float | None = None  # when done: the trace's reward (None: the task grades the last turn); with an
     # observation: this turn's reward, which --turn-credit turns into advantages (docs/math.md §8)
     details: dict = field(default_factory=dict)  # numbers to log, summed over the trace's turns
@@ -58,8 +59,9 @@ class Environment:
     """The world of one trace, built with its problem. The default answers every turn with "done":
     a single-turn rollout, graded by the task."""
 
-    plain = ("", "")  # the text around an observation where the chat template has no tool role
+    plain = ("", "")  # the text around each message of an observation where the chat template has no tool role
     stop_strings: tuple = ()  # text that ends a turn where it first appears, kept (a plain-text call's end)
+    done_reason = "done"  # why a trace ends when step says done (stop/...): a tool environment's "no_call"
 
     def __init__(self, problem: Problem):
         self.problem = problem
@@ -69,143 +71,19 @@ class Environment:
         return Step()
 
 
-class ToolEnvironment(Environment):
-    """A turn that calls the tool gets the tool's output back; a turn without a call ends the trace
-    (the task grades it). A call is written either as the chat template writes tool calls (Qwen2.5,
-    Qwen3, Hermes: <tool_call>{"name": NAME, "arguments": {ARGUMENT: ...}}</tool_call>, the tool
-    listed in the prompt by `apply_chat_template(tools=[schema])`) or in the tool's plain form
-    (`plain_call`); the last call of a turn is run. Subclasses give the tool's name, argument,
-    description, plain form and `run`."""
-
-    name = argument = description = ""
-    MAX_CALL_CHARS = 16384  # a <tool_call> body longer than this is not read as JSON
-
-    @classmethod
-    def schema(cls) -> dict:
-        """The tool as HF chat templates list it (a JSON schema, `apply_chat_template(tools=[...])`)."""
-        return {"type": "function", "function": {
-            "name": cls.name, "description": cls.description,
-            "parameters": {"type": "object", "properties": {cls.argument: {"type": "string"}}, "required": [cls.argument]}}}
-
-    def plain_call(self, turn: str) -> tuple[int, str] | None:
-        """(where it starts, its argument) of the turn's last call in the tool's plain form."""
-        raise NotImplementedError
-
-    def call(self, turn: str) -> tuple[str | None, int]:
-        """(the argument of the turn's last call, in either form, or None without one; how many
-        <tool_call> bodies could not be read as a call of this tool)."""
-        plain = self.plain_call(turn)
-        calls, unread = [plain] if plain else [], 0
-        for m in TOOL_CALL.finditer(turn):
-            body = m.group(1) if len(m.group(1)) <= self.MAX_CALL_CHARS else ""
-            try:
-                call = json.loads(body)
-            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-                call = None
-            args = call.get("arguments") if isinstance(call, dict) and call.get("name") == self.name else None
-            if isinstance(args, dict) and isinstance(args.get(self.argument), str):
-                calls.append((m.start(), args[self.argument]))
-            else:
-                unread += 1
-        return (max(calls)[1] if calls else None), unread
-
-    def run(self, code: str) -> tuple[str, bool]:
-        """(output, whether the tool failed)."""
-        raise NotImplementedError
-
-    def step(self, turn: str) -> Step:
-        code, unread = self.call(turn)
-        if code is None:
-            return Step(details={"tools/parse_errors": unread})
-        output, failed = self.run(code)
-        correct = not failed and output.strip() == self.problem.answer.strip()
-        return Step(output, details={"tools/calls": 1, "tools/errors": int(failed), "tools/correct": int(correct),
-                                     "tools/parse_errors": unread})
-
-
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-
-
-class Calculator(ToolEnvironment):
-    """<calc>EXPR</calc>: + - * / ( ) over integers, exact (rewards.parse_arithmetic: a bounded
-    parser, never Python's eval). "<calc>4821+9377</calc>" -> "14198"; "<calc>1/3+1/6</calc>" -> "1/2";
-    "<calc>1/0</calc>" -> "error: division by zero"."""
-
-    name, argument = "calculator", "expression"
-    description = "Exact arithmetic: + - * / and parentheses over integers; the value, an integer or a fraction."
-    MAX_CHARS = 200  # longer expressions are refused before parsing
-    plain = ("<result>", "</result>")
-    stop_strings = ("</calc>",)
-
-    def plain_call(self, turn: str) -> tuple[int, str] | None:
-        calls = [(m.start(), m.group(1)) for m in re.finditer(r"<calc>(.*?)</calc>", turn, re.S)]
-        return calls[-1] if calls else None
-
-    def run(self, code: str) -> tuple[str, bool]:
-        if len(code) > self.MAX_CHARS:
-            return f"error: longer than {self.MAX_CHARS} characters", True
-        try:
-            value, _ = parse_arithmetic(code)
-        except ExpressionError as e:
-            return f"error: {e}", True
-        return str(value), False  # Fraction's str: "14198", "1/2"
-
-
-class PythonTool(ToolEnvironment):
-    """A ```python block: the program runs in the sandbox (grading/sandbox.py: its own process, limits,
-    namespaces where the machine has them) and its stdout comes back, with its stderr's last line
-    when it fails (the model may fix its code); a program the sandbox has to kill (time, output)
-    ends the trace with reward 0. The last block of a turn is run, as a fresh program: no state is kept between
-    the calls of a trace (a long-lived interpreter per trace would be a process per trace outliving
-    its turns; a model that needs earlier values writes them again, as in the ToRL recipe's
-    one-shot runs)."""
-
-    name, argument = "python", "code"
-    description = "Runs a Python program (standard library only) and returns what it prints."
-    box = None  # the Sandbox programs run in, one per process: environment_for makes it (--sandbox, ...)
-    making = threading.Lock()
-
-    @classmethod
-    def prepare(cls, isolation: str = "auto", timeout: float = 5.0, memory_mib: int = 1024) -> tuple[str, ...]:
-        """Make the sandbox (grading.code.code_sandbox: a DataError when `isolation` cannot work here);
-        its warnings when it isolates less than bubblewrap."""
-        from grading.code import code_sandbox
-        from grading.sandbox import Limits
-        cls.box, notes = code_sandbox(isolation, Limits(timeout=timeout, memory=memory_mib << 20, stdout=64 << 10))
-        return notes
-    plain = ("```output\n", "\n```\n")  # Qwen2.5-Math's tool-integrated format
-    stop_strings = ("```output",)  # where Qwen2.5-Math's and ToRL's turns end, the output's fence kept
-
-    def plain_call(self, turn: str) -> tuple[int, str] | None:
-        """The last closed ```python block, read as code problems read a response's program."""
-        from grading.code import python_block
-        found = python_block(turn)
-        return None if found is None else (found[0], textwrap.dedent(turn[found[1]:found[2]]))
-
-    def run(self, code: str) -> tuple[str, bool]:
-        with PythonTool.making:  # traces answer from threads (environments/rollout.py's answers); one sandbox for all
-            if PythonTool.box is None:  # a PythonTool made outside environment_for (tests, your code)
-                PythonTool.prepare()
-        result = PythonTool.box.run(code)
-        if result.killed:  # past the time or output limit, or never started: the trace ends, scored 0
-            raise EnvironmentFailed(f"the sandbox ended the program: {result.killed}")
-        out = result.stdout.decode(errors="replace")
-        if result.ok:
-            return out, False
-        return (out + (result.stderr.decode(errors="replace").strip().splitlines() or ["error"])[-1]).strip(), True
-
-
 # ----------------------------------------------------------------------------- a user's environment
 
 class WorkerEnvironment(Environment):
     """One trace of a `--env file.py:Class`: its turns go to environments.worker.UserEnvironment, which runs
-    the class in a worker process, bounded; a failure there is a failed Step (Session counts it)."""
+    the class in a worker process, bounded; a failure there is a failed Step (Session counts it). Its
+    plain frame and done reason are the class's, read by the pool's start-up check."""
 
     keys = itertools.count()  # a trace's key in the worker pool, unique in this process
 
     def __init__(self, problem: Problem, pool):
         super().__init__(problem)
         self.pool, self.key, self.turns = pool, f"trace-{next(WorkerEnvironment.keys)}", []
+        self.plain, self.done_reason = pool.plain, pool.done_reason
 
     def step(self, turn: str) -> Step:
         self.turns.append(turn)
@@ -225,7 +103,7 @@ class EnvironmentFailed(Exception):
 class Turns:
     """How far a multi-turn trace may go (environments/rollout.py's interact)."""
     max_turns: int = 4  # model turns per trace at most
-    max_observation_tokens: int = 256  # tokens of one observation's text (the template's framing comes on top)
+    max_observation_tokens: int = 256  # tokens of one observation's text, all its messages (framing on top)
     max_tokens: int = 0  # a trace's context at most: query + turns + observations + the next turn's budget; 0 = no cap
 
 
@@ -234,6 +112,29 @@ class Turns:
 STOPS = ("done", "failed", "no_call", "max_turns", "context", "length")
 # what the rollout counts; an environment's details may not
 OWN = {"env/failures", "length/observation", "turns/mean", *(f"stop/{s}" for s in STOPS)}
+MAX_MESSAGES = 16  # messages of one observation at most: a turn's tool calls past it are not run
+
+
+def messages_of(observation) -> list[str] | None:
+    """An observation's messages, as plain str: "14198" -> ["14198"]; ["1/2", "20"] -> ["1/2", "20"];
+    None for anything else (a list of none or more than MAX_MESSAGES, or of something else than str)."""
+    observation = [observation] if isinstance(observation, str) else observation
+    if not isinstance(observation, list) or not 1 <= len(observation) <= MAX_MESSAGES \
+            or not all(isinstance(m, str) for m in observation):
+        return None
+    # str.__str__: a str subclass as a plain str, whatever its own __str__ or slicing does
+    return [str.__str__(m) for m in observation]
+
+
+def fair_cut(parts: list, cap: int) -> list:
+    """Each part (a message's text or token ids) cut so that all together hold at most `cap` items:
+    the short parts whole, the long ones sharing what is left equally, so that one flood of output
+    does not hide the other calls' answers. Lengths [3, 50, 50], cap 20 -> [3, 8, 9]; ["abcdef"], 4 -> ["abcd"]."""
+    kept, left = list(parts), cap
+    for k, i in enumerate(sorted(range(len(parts)), key=lambda i: len(parts[i]))):
+        kept[i] = parts[i][:left // (len(parts) - k)]
+        left -= len(kept[i])
+    return kept
 
 
 class Session:
@@ -260,15 +161,17 @@ class Session:
             step = self.env.step(turn)
             if not isinstance(step, Step):
                 raise EnvironmentFailed(f"step returned {type(step).__name__}, not a Step")
-            if step.observation is not None and not isinstance(step.observation, str):
-                raise EnvironmentFailed(f"observation is {type(step.observation).__name__}, not text")
+            messages = None if step.observation is None else messages_of(step.observation)
+            if step.observation is not None and messages is None:
+                raise EnvironmentFailed(f"observation is {type(step.observation).__name__}, not text or a list of "
+                                        f"1 to {MAX_MESSAGES} texts")
             if step.reward is not None and not is_reward(step.reward):
                 raise EnvironmentFailed(f"reward {step.reward!r} is not a number")
             numbers = {name: float(value) for name, value in step.details.items()}
             if set(numbers) & OWN:
                 raise EnvironmentFailed(f"details may not set {', '.join(sorted(set(numbers) & OWN))}")
-            ids = None if step.observation is None else \
-                self.render(step.observation[:self.cap * self.MAX_CHARS_PER_TOKEN], self.cap, self.env.plain, turn)
+            ids = None if messages is None else \
+                self.render(fair_cut(messages, self.cap * self.MAX_CHARS_PER_TOKEN), self.cap, self.env.plain, turn)
         except Exception as e:  # noqa: BLE001 - an environment's bug (or text no tokenizer takes) ends its trace, never the run
             self.reward, self.details["env/failures"], self.stop = 0.0, 1, "failed"
             self.error = f"{type(e).__name__}: {e}" if not isinstance(e, EnvironmentFailed) else str(e)
@@ -276,7 +179,7 @@ class Session:
         if ids is None:
             self.reward = None if step.reward is None else float(step.reward)
             self.count(numbers)
-            self.stop = "no_call" if isinstance(self.env, ToolEnvironment) else "done"
+            self.stop = self.env.done_reason
             return None
         self.pending = {**numbers, "length/observation": len(ids)}
         # the turn earned it, whether or not the caps let the model read the observation
@@ -294,11 +197,11 @@ class Session:
 
 
 class Observations:
-    """An observation's token ids as the next turn's context: a "tool" message of the chat template
-    (what follows the assistant's end-of-turn, up to and including the next assistant header), or
-    the plain text where the template has no tool role (or chat templates are off). The text is
-    tokenised with special-token text split (a program printing "<|im_end|>" writes characters, not
-    a turn boundary); the frame's special tokens are the template's own."""
+    """An observation's token ids as the next turn's context: its messages as "tool" messages of the
+    chat template (what follows the assistant's end-of-turn, up to and including the next assistant
+    header), or as plain text where the template has no tool role (or chat templates are off). The
+    text is tokenised with special-token text split (a program printing "<|im_end|>" writes
+    characters, not a turn boundary); the frame's special tokens are the template's own."""
 
     def __init__(self, tokenizer, chat_template: bool):
         self.tokenizer, self.frame = tokenizer, None
@@ -309,17 +212,31 @@ class Observations:
             if self.frame is None:
                 warnings.warn("--env: the chat template renders no tool message; observations are appended as "
                               "plain text in the tool's own frame")
+        self.frames = {1: self.frame}  # n -> the frame of n tool messages in a row, read once each
 
-    def __call__(self, text: str, cap: int, plain: tuple[str, str], turn: str = "") -> list[int]:
-        """text cut to `cap` tokens, framed by the template's tool message or by `plain` -> ids. A
-        plain frame's start that the turn already wrote (it stopped at the stop string "```output") is
-        not written again: turn "...```output", plain ("```output\n", ...) -> "\n" + text + ..."""
-        before, after = self.frame or plain
-        if self.frame is None:
-            before = before[next((k for k in range(len(before), 0, -1) if turn.endswith(before[:k])), 0):]
+    def __call__(self, texts: str | list[str], cap: int, plain: tuple[str, str], turn: str = "") -> list[int]:
+        """An observation's messages -> ids: each tokenised, all together cut to `cap` tokens
+        (fair_cut), framed as the template renders that many tool messages in a row (tool_frame),
+        or each in `plain`, one after another. A plain frame's start that the turn already wrote (it
+        stopped at the stop string "```output") is not written again, for the first message: turn
+        "...```output", plain ("```output\n", "\n```\n"), ["1", "2"] -> "\n1\n```\n```output\n2\n```\n"."""
+        texts = [texts] if isinstance(texts, str) else texts
         with self.lock:
-            ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"][:cap]
-            return [*self.ids(before), *ids, *self.ids(after)]
+            if self.frame is None:
+                written = next((k for k in range(len(plain[0]), 0, -1) if turn.endswith(plain[0][:k])), 0)
+                frame = (plain[0][written:], *[plain[1] + plain[0]] * (len(texts) - 1), plain[1])
+            else:
+                if len(texts) not in self.frames:
+                    self.frames[len(texts)] = tool_frame(self.tokenizer, len(texts))
+                frame = self.frames[len(texts)]
+                if frame is None:  # a template that renders one tool message but not several in a row
+                    texts, frame = ["\n\n".join(texts)], self.frame
+            messages = fair_cut([self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                                 for text in texts], cap)
+            ids = self.ids(frame[0])
+            for message, after in zip(messages, frame[1:]):
+                ids += message + self.ids(after)
+            return ids
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -328,25 +245,33 @@ class Observations:
 TURN, TOOL = "SENTINELTURN7f3a", "SENTINELTOOL9c2b"  # plain letters: a template that escapes (tojson) keeps them
 
 
-def tool_frame(tokenizer) -> tuple[str, str] | None:
-    """The text the chat template puts around a tool message after an assistant turn ends, up to
-    the next assistant header; None when the template has no tool role. Read off one render of
-    user, assistant, tool and the generation prompt (a template may render a last assistant turn
-    differently, as Qwen3's does). The tiny model's template: ("<|tool|>", "<|assistant|>") (its
-    assistant turn ends with <eos>, the token the model wrote)."""
-    chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TURN}, {"role": "tool", "content": TOOL}]
+def tool_frame(tokenizer, n: int = 1) -> tuple[str, ...] | None:
+    """The text the chat template puts around n tool messages in a row after an assistant turn ends,
+    up to the next assistant header: n + 1 pieces (before the first message, between each two, after
+    the last); None when the template has no tool role. Read off one render of user, assistant, n
+    tool messages and the generation prompt (a template may render a last assistant turn
+    differently, as Qwen3's does, or group a run of tool messages into one turn, as Qwen2.5's does).
+    The tiny model's template: ("<|tool|>", "<|assistant|>"); n = 2: ("<|tool|>", "<|tool|>",
+    "<|assistant|>") (its assistant turn ends with <eos>, the token the model wrote)."""
+    tools = [f"{TOOL}{i}x" for i in range(n)]  # the x ends each: none is a part of another
+    chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TURN},
+            *({"role": "tool", "content": tool} for tool in tools)]
     try:
         framed = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     except Exception:  # noqa: BLE001 - a template that refuses the tool role has none
         return None
-    if TURN not in framed or TOOL not in framed or framed.index(TURN) > framed.index(TOOL):
+    at = [framed.find(sentinel) for sentinel in (TURN, *tools)]
+    if -1 in at or at != sorted(at):
         return None
     # what follows the assistant's text: its end-of-turn (written by the model: its stop id), then the frame
-    rest = framed[framed.index(TURN) + len(TURN):]
+    rest = framed[at[0] + len(TURN):]
     eos = tokenizer.decode(stop_id_of(tokenizer))
     rest = rest[len(eos):] if eos and rest.startswith(eos) else rest
-    before, _, after = rest.partition(TOOL)
-    return before, after
+    pieces = []
+    for tool in tools:
+        piece, _, rest = rest.partition(tool)
+        pieces.append(piece)
+    return (*pieces, rest)
 
 
 def stop_id_of(tokenizer) -> list[int]:
@@ -356,8 +281,8 @@ def stop_id_of(tokenizer) -> list[int]:
 
 class Environments:
     """--env as the rollout uses it: called with a problem, the Session of a new trace; `tools`, the
-    schemas to list in the prompt through the chat template (the built-in tools; None for a user's
-    class, whose prompt is the task's)."""
+    schemas to list in the prompt through the chat template (a built-in tool's, or those a user's
+    class declares; None for none: the prompt is the task's)."""
 
     def __init__(self, make, render: Observations, cap: int, tools: list[dict] | None = None, notes=(), pool=None,
                  stop_strings: tuple = ()):
@@ -385,15 +310,17 @@ def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, tim
     # a built-in tool's plain-text call ends its turn only where the chat template frames no tool call
     plain = render.frame is None
     if spec == "calculator":
-        return Environments(Calculator, render, cap, [Calculator.schema()],
+        from environments.tools import Calculator
+        return Environments(Calculator, render, cap, Calculator.schemas(),
                             stop_strings=Calculator.stop_strings if plain else ())
     if spec == "python":
-        return Environments(PythonTool, render, cap, [PythonTool.schema()], PythonTool.prepare(*sandbox),
+        from environments.tools import PythonTool
+        return Environments(PythonTool, render, cap, PythonTool.schemas(), PythonTool.prepare(*sandbox),
                             stop_strings=PythonTool.stop_strings if plain else ())
     if plugin_spec(spec) is None:
         raise DataError(f"--env {spec!r}: give calculator, python or path/to/file.py:Class")
     from environments.worker import UserEnvironment
     pool = UserEnvironment(spec, timeout=timeout, max_chars=cap * Session.MAX_CHARS_PER_TOKEN, budget=budget)
     pool.check()
-    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap, pool=pool,
+    return Environments(lambda problem: WorkerEnvironment(problem, pool), render, cap, pool.tools or None, pool=pool,
                         stop_strings=pool.stop_strings)

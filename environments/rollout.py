@@ -30,7 +30,8 @@ class MultiTurn(Shape):
 
     @property
     def tools(self) -> list[dict] | None:
-        """The built-in tools' schemas, which the chat template lists in the prompt (None for a user's class)."""
+        """The tools' schemas, which the chat template lists in the prompt (a built-in tool's, or those a
+        user's class declares; None for none)."""
         return self.environments.tools
 
     @property

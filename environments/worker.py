@@ -6,10 +6,15 @@ The class you write:
     class Class:
         def __init__(self, problem):      # a rewards.Problem (prompt, answer, domain, id)
         def step(self, turn: str):        # the model's latest turn -> an object with the attributes
-            observation                   #   str: what the model sees next; None: the trace is done
+            observation                   #   str, or a list of 1 to MAX_MESSAGES str (one tool message
+                                          #   each): what the model sees next; None: the trace is done
             reward                        #   None or a finite real number: with an observation, this turn's
                                           #   reward; when done, the trace's (None: the task grades it)
             details                       #   optional: a dict of str -> finite real number (metrics)
+        tools = (fn, ...)                 # optional: functions, listed in the prompt by the chat template
+                                          #   (environments/tools.py: a ToolEnvironment runs their calls)
+        stop_strings = ("</call>",)       # optional: text that ends a turn (a plain-text call's end)
+        plain, done_reason                # optional, as environments.Environment has them
 
 It must be deterministic: its state after some turns must be a function of the problem and those turns
 alone. A worker that is killed (a step past the timeout) loses every environment it held, and the next
@@ -22,17 +27,20 @@ worker by a stable hash, so all of a trace's turns reach the worker that holds i
 child says "ready" once the file is imported (or {"error": ...} if it would not import), then answers
 JSON lines, one reply per request:
 
-    request  {"describe": true}, once, by check()   reply {"stop_strings": [str]} or {"error": str}
+    request  {"describe": true}, once, by check()
+    reply    {"stop_strings": [str], "tools": [the JSON schema of each of the class's tools],
+              "plain": [str, str], "done_reason": "done" | "no_call"} or {"error": str}
     request  {"key": str, "problem": {Problem's fields}, "turns": [every model turn so far], "max_chars": n}
-    reply    {"observation": str | None, "reward": float | None, "details": {str: float}}
+    reply    {"observation": str | [str] | None, "reward": float | None, "details": {str: float}}
              or {"failure": "error" | "invalid", "message": the exception's last line, or what broke the contract}
 
 The child keeps, per key, the environment, the number of turns it has applied, and a digest of the
 problem and those turns; when these do not match the request (a new trace, a restarted worker, an evicted
-environment, a key reused for another trace) it rebuilds by replay. It truncates the observation to
-max_chars characters, so no megabytes cross the pipe, and drops a key's environment once its trace is
-done, after a failure (its state is unknown), or when it is the least recently used of more than
-MAX_ENVS. Your prints go to stderr (stdout carries the replies), as do the last lines of your tracebacks.
+environment, a key reused for another trace) it rebuilds by replay. It cuts the observation to
+max_chars characters, all its messages together (environments.fair_cut), so no megabytes cross the
+pipe, and drops a key's environment once its trace is done, after a failure (its state is unknown),
+or when it is the least recently used of more than MAX_ENVS. Your prints go to stderr (stdout carries
+the replies), as do the last lines of your tracebacks.
 
 The parent keeps a mirror of which environments its worker holds (the same rules, on the same requests),
 so that a step that must first replay n turns is given n + 1 timeouts, not one: a worker killed while
@@ -54,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from environments import MAX_MESSAGES, fair_cut, messages_of
 from grading.pool import GradingWorker, import_plugin, module_command, plugin_syntax, protocol_stdout
 from rewards import DataError, Problem, is_reward, plugin_spec
 
@@ -93,7 +102,8 @@ class UserEnvironment:
         command = module_command("environments.worker", "--env-worker", str(path), name)
         self.workers = [EnvWorker(command, timeout) for _ in range(workers)]
         self.deadline: float | None = None  # the current round's end (`round`); None: each step its timeout
-        self.stop_strings: tuple = ()  # the class's stop_strings, read by check()
+        # what check() reads of the class: its stop_strings, its tools' schemas, its plain frame, its done reason
+        self.stop_strings, self.tools, self.plain, self.done_reason = (), [], ("", ""), "done"
         self.messages: dict[str, str] = {}  # a trace's last failure, said in words (`failure`)
 
     def check(self) -> None:
@@ -107,10 +117,11 @@ class UserEnvironment:
         if not first.start():
             raise DataError(f"--env {self.spec}: its worker did not start: "
                             f"{first.start_error or 'see the error above'}")
-        reply, _ = first.ask({"describe": True})
+        reply, _ = first.ask({"describe": True}, limit=first.STARTUP_S)  # part of the start-up: it reads the tools
         if reply is None or "error" in reply:
             raise DataError(f"--env {self.spec}: {(reply or {}).get('error', 'its worker did not describe the class')}")
-        self.stop_strings = tuple(reply["stop_strings"])
+        self.stop_strings, self.tools = tuple(reply["stop_strings"]), reply["tools"]
+        self.plain, self.done_reason = tuple(reply["plain"]), reply["done_reason"]
 
     def step(self, key: str, problem: Problem, turns: list[str]) -> tuple[dict | None, str]:
         """Ask the environment of trace `key` to answer its latest turn, turns[-1] (turns: every model
@@ -209,15 +220,18 @@ def _number(value) -> float | None:
 
 
 def _checked(result, max_chars: int) -> dict:
-    """A step's result as the reply, of plain types, the observation truncated to max_chars; raises _Invalid."""
+    """A step's result as the reply, of plain types, the observation cut to max_chars (all its messages
+    together, environments.fair_cut); raises _Invalid."""
     missing = object()
     observation = getattr(result, "observation", missing)
     reward = getattr(result, "reward", missing)
     details = getattr(result, "details", None)
     if observation is missing or reward is missing:
         raise _Invalid(f"step returned {type(result).__name__}, with no observation or reward attribute")
-    if observation is not None and not isinstance(observation, str):
-        raise _Invalid(f"observation is {type(observation).__name__}, not str or None")
+    messages = None if observation is None else messages_of(observation)
+    if observation is not None and messages is None:
+        raise _Invalid(f"observation is {type(observation).__name__}, not str, a list of 1 to {MAX_MESSAGES} str, "
+                       "or None")
     number = None if reward is None else _number(reward)
     if reward is not None and number is None:
         raise _Invalid(f"reward {reward!r:.100} is not None or a finite real number")
@@ -227,8 +241,9 @@ def _checked(result, max_chars: int) -> dict:
     numbers = {str.__str__(k): _number(v) for k, v in details.items()}
     if None in numbers.values():
         raise _Invalid("details is not a dict of str -> finite real number")
-    # str.__str__: a str subclass as a plain str, whatever its own __str__ or slicing does
-    return {"observation": None if observation is None else str.__str__(observation)[:max_chars],
+    if messages is not None:
+        messages = fair_cut(messages, max_chars)
+    return {"observation": messages[0] if isinstance(observation, str) else messages,
             "reward": number, "details": numbers}
 
 
@@ -278,11 +293,29 @@ def _env_worker(path: str, name: str) -> None:
 
 def _described(cls) -> str:
     """What the trainer reads of the class before a rollout: its stop_strings (text that ends a turn
-    where it first appears), a list or tuple of non-empty str."""
+    where it first appears, a list or tuple of non-empty str), the JSON schemas of its `tools`
+    (transformers.utils.get_json_schema of each function, here where the functions live), its `plain`
+    frame and its `done_reason` (a tool environment's "no_call")."""
     strings = getattr(cls, "stop_strings", ())
     if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) and s for s in strings):
         return json.dumps({"error": f"stop_strings is {strings!r:.100}: give a tuple of non-empty strings"})
-    return json.dumps({"stop_strings": [str.__str__(s) for s in strings]})
+    plain, done_reason = getattr(cls, "plain", ("", "")), getattr(cls, "done_reason", "done")
+    if not (isinstance(plain, (list, tuple)) and len(plain) == 2 and all(isinstance(s, str) for s in plain)):
+        return json.dumps({"error": f"plain is {plain!r:.100}: give a pair of strings"})
+    if done_reason not in ("done", "no_call"):
+        return json.dumps({"error": f"done_reason is {done_reason!r:.100}: give 'done' or 'no_call'"})
+    tools = getattr(cls, "tools", ())
+    if not isinstance(tools, (list, tuple)) or not all(callable(fn) for fn in tools):
+        return json.dumps({"error": f"tools is {tools!r:.100}: give a tuple of functions"})
+    try:
+        schemas = []
+        if tools:  # transformers is imported for tools alone
+            from environments.tools import schema_of
+            schemas = [schema_of(fn) for fn in tools]
+    except Exception as e:  # noqa: BLE001 - not a function, no type hints, no Args: in its docstring, ...
+        return json.dumps({"error": f"tools: {type(e).__name__}: {e}"})
+    return json.dumps({"stop_strings": [str.__str__(s) for s in strings], "tools": schemas,
+                       "plain": [str.__str__(s) for s in plain], "done_reason": done_reason})
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--env-worker"]:

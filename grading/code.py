@@ -149,12 +149,19 @@ def extract_program(response: str) -> str | None:
 
 def python_block(response: str) -> tuple[int, int, int] | None:
     """(where its opening fence starts, where its body starts, where it ends) of the last closed
-    ```python (or ```py) fence; None if there is none (also --env python's call, environments/).
+    ```python (or ```py) fence; None if there is none."""
+    blocks = python_blocks(response)
+    return blocks[-1] if blocks else None
+
+
+def python_blocks(response: str) -> list[tuple[int, int, int]]:
+    """(where its opening fence starts, where its body starts, where it ends) of every closed
+    ```python (or ```py) fence, in order (--env python's calls, environments/tools.py).
 
     Fences are CommonMark's: a line starting (after spaces) with ```; a fence closes a block when
     nothing but backticks and spaces follow it. One pass over the fence lines, linear in the length
     of any response. An unclosed block (a response cut at the length limit) is no program."""
-    opened, block_start, is_python, last = 0, None, False, None
+    opened, block_start, is_python, blocks = 0, None, False, []
     for fence in _FENCE.finditer(response):
         info = fence.group(1).strip()
         if block_start is None:
@@ -162,9 +169,9 @@ def python_block(response: str) -> tuple[int, int, int] | None:
             is_python = info[:16].split(" ")[0].lower() in PYTHON_FENCES
         elif not info.strip("`"):
             if is_python:
-                last = (opened, block_start, fence.start())
+                blocks.append((opened, block_start, fence.start()))
             block_start = None
-    return last
+    return blocks
 
 
 def outputs_match(got: str, expected: str) -> bool:

@@ -1,4 +1,4 @@
-"""Turn rewards and turn-level credit (--turn-credit, environments/credit.py, docs/math.md §8): the
+"""Turn rewards and turn-level credit (--turn-credit, algos/credit.py, docs/math.md §8): the
 worked example's advantages by hand, and the gradient of one update from them on 1 and 2 ranks."""
 import math
 from contextlib import nullcontext
@@ -10,7 +10,7 @@ import torch
 import algos
 from config import Config, validate
 from environments import Environment, Observations, Session, Step, Turns
-from environments.credit import normalised, row_advantage, to_go
+from algos.credit import normalised, row_advantage, to_go
 from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import DataError, Problem

@@ -51,10 +51,13 @@ class Echo:
             os._exit(3)
         if turn == "huge":
             return Step("x" * 5_000_000)
+        if turn == "messages":
+            return Step(["x" * 5_000_000, "short", "y" * 3000])
         invalid = {"int": Step(7), "bytes": Step(b"obs"), "nan": Step("o", float("nan")),
                    "string reward": Step("o", "1"), "huge int": Step("o", 10 ** 400),
                    "bad details": Step("o", None, {"k": "v"}), "details keys": Step("o", None, {1: 2.0}),
-                   "dict": {"observation": "o", "reward": None}}
+                   "dict": {"observation": "o", "reward": None}, "no messages": Step([]),
+                   "17 messages": Step(["o"] * 17), "bytes message": Step(["o", b"obs"])}
         if turn in invalid:
             return invalid[turn]
         if turn == "done":
@@ -232,6 +235,22 @@ def test_a_round_of_hanging_steps_costs_about_one_timeout(env_file):
         with env.round(), ThreadPoolExecutor(4) as threads:  # 0.4 s a step, 5 a worker: 2 s > the budget
             slow = list(threads.map(lambda k: env.step(f"s{k}", Problem("p", "", id=str(k)), ["slow"]), range(10)))
         assert all(failure == "" for _, failure in slow)
+    finally:
+        env.close()
+
+
+def test_an_observation_of_several_messages_crosses_the_pipe_cut_together(env_file):
+    """A list of messages (one tool message each) comes back a list, max_chars bounding all of them
+    together (environments.fair_cut: the short ones whole, the long ones sharing the rest); a list of
+    none, of more than MAX_MESSAGES or of something else than str breaks the contract."""
+    env = open_env(env_file, workers=1, max_chars=1000)
+    p = Problem("p", "")
+    try:
+        reply, failure = env.step("k", p, ["messages"])
+        assert failure == "" and reply["observation"] == ["x" * 498, "short", "y" * 497]
+        for turn in ("no messages", "17 messages", "bytes message"):
+            assert env.step("k", p, [turn]) == (None, "invalid"), turn
+        assert env.messages["k"] == "invalid step: observation is list, not str, a list of 1 to 16 str, or None"
     finally:
         env.close()
 

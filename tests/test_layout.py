@@ -50,7 +50,8 @@ def test_a_flag_imports_its_folder(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, "--env", "calculator"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["environments", "environments.rollout"]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["environments", "environments.rollout",
+                                                                "environments.tools"]
 
 
 def test_the_root_holds_the_core_only():

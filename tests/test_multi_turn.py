@@ -11,9 +11,9 @@ import torch
 
 import algos
 from config import Config
-from environments import (STOPS, Calculator, Environment, Observations, PythonTool, Session, Step, Turns,
-                          environment_for, tool_frame)
+from environments import STOPS, Environment, Observations, Session, Step, Turns, environment_for, tool_frame
 from environments.rollout import MultiTurn
+from environments.tools import Calculator, PythonTool
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
@@ -88,7 +88,7 @@ def test_a_template_with_tools_lists_them_and_frames_their_output():
     from rollout import encode_prompts
     tok = load_tokenizer(TINY)
     tok.chat_template = HERMES
-    prompt = tok.decode(encode_prompts(tok, [Problem("Add 1+2", "3")], True, [Calculator.schema()])[0])
+    prompt = tok.decode(encode_prompts(tok, [Problem("Add 1+2", "3")], True, Calculator.schemas())[0])
     assert prompt.startswith('<|system|>Tools: {"type": "function", "function": {"name": "calculator"')
     assert prompt.endswith("<|user|>Add 1+2<eos><|assistant|>")
     # after the model's own <eos>: the tool message, then the next assistant header
@@ -96,59 +96,136 @@ def test_a_template_with_tools_lists_them_and_frames_their_output():
     assert tok.decode(Observations(tok, True)("3", 8, Calculator.plain)) == \
         "<|user|><tool_response>3</tool_response><eos><|assistant|>"
     plain = load_tokenizer(TINY)  # the shipped template ignores a tool list: the default prompt, unchanged
-    assert encode_prompts(plain, [Problem("Add 1+2", "3")], True, [Calculator.schema()]) == \
+    assert encode_prompts(plain, [Problem("Add 1+2", "3")], True, Calculator.schemas()) == \
         encode_prompts(plain, [Problem("Add 1+2", "3")], True)
 
 
-@pytest.mark.parametrize("turn,code", [
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', "2+3"),
-    ('<calc>1+1</calc> <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', "2+3"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call> <calc>1+1</calc>', "1+1"),
-    ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', None),  # another tool
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": 5}}</tool_call>', None),  # not text
-    ('<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', None),
-    ("<tool_call>{not json}</tool_call>", None),
-    ("<tool_call>" + "[" * 100_000 + "</tool_call>", None),  # past the JSON parser's depth, or the length cap
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "' + "1+" * 9000 + '1"}}</tool_call>', None),
+# Qwen2.5's template, its tool parts verbatim: tools listed in a system turn, a run of tool messages grouped
+# into one user turn of <tool_response> blocks; on the tiny tokenizer with Qwen2.5's turn tokens added
+QWEN25 = ("{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}"
+          "{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}"
+          "{%- for message in messages %}{%- if message.role == 'tool' %}"
+          "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}"
+          "{{- '<|im_start|>user' }}{%- endif %}"
+          "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+          "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+          "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+          "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def tokenizer_with(template: str):
+    """The tiny tokenizer with `template`; Qwen2.5's turn tokens (one special id each, <|im_end|> the stop id)."""
+    tok = load_tokenizer(TINY)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = template
+    if template == QWEN25:
+        tok.stop_ids = [tok.convert_tokens_to_ids("<|im_end|>")]
+    return tok
+
+
+@pytest.mark.parametrize("template,frames", [
+    (None, [("<|tool|>", "<|assistant|>"), ("<|tool|>", "<|tool|>", "<|assistant|>")]),  # the shipped one
+    (HERMES, [("<|user|><tool_response>", "</tool_response><eos><|assistant|>"),
+              ("<|user|><tool_response>", "</tool_response><eos><|user|><tool_response>",
+               "</tool_response><eos><|assistant|>")]),
+    (QWEN25, [("\n<|im_start|>user\n<tool_response>\n", "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+              ("\n<|im_start|>user\n<tool_response>\n", "\n</tool_response>\n<tool_response>\n",
+               "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")]),
+], ids=["tiny", "hermes", "qwen2.5"])
+def test_several_tool_messages_are_framed_as_the_template_renders_them_in_a_row(template, frames):
+    """tool_frame for n messages: the n + 1 pieces around them (Qwen2.5 groups a run of tool messages into one
+    user turn, one <tool_response> each), and an observation of 1 to 3 messages renders exactly what
+    apply_chat_template renders after the assistant's end of turn."""
+    tok = tokenizer_with(template) if template else load_tokenizer(TINY)
+    assert [tool_frame(tok, n) for n in (1, 2)] == frames
+    render = Observations(tok, chat_template=True)
+    for outputs in (["12"], ["12", "[3, 4]"], ["12", "error: division by zero", "5"]):
+        chat = [{"role": "user", "content": "Add 4+8"}, {"role": "assistant", "content": "TURN"},
+                *({"role": "tool", "content": output} for output in outputs)]
+        full = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        after_turn = full[full.index("TURN") + len("TURN" + tok.decode(tok.stop_ids[:1])):]
+        assert tok.decode(render(outputs, 64, Calculator.plain)) == after_turn
+    assert set(render.frames) == {1, 2, 3}  # read once for each number of messages
+
+
+def test_the_observation_cap_bounds_all_its_messages_together():
+    """--max-observation-tokens counts the tokens of every message of an observation: the short ones
+    whole, the long ones sharing what is left equally (environments.fair_cut); each still has its frame."""
+    from environments import fair_cut
+    assert [len(part) for part in fair_cut(["a" * 3, "b" * 50, "c" * 50], 20)] == [3, 8, 9]
+    assert fair_cut(["x" * 50, "yy"], 20) == ["x" * 18, "yy"] and fair_cut(["abcdef"], 4) == ["abcd"]
+    tok = load_tokenizer(TINY)
+    ids = Observations(tok, chat_template=True)(["111", "2" * 50, "3" * 50], 20, Calculator.plain)
+    assert tok.decode(ids) == "<|tool|>111<|tool|>" + "2" * 8 + "<|tool|>" + "3" * 9 + "<|assistant|>"
+
+
+def test_a_template_that_renders_one_tool_message_but_not_several_gets_them_as_one():
+    tok = load_tokenizer(TINY)
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'tool' and loop.previtem.role == 'tool' %}"
+                         "{{ raise_exception('one tool message at a time') }}{% endif %}<|{{ m.role }}|>{{ m.content }}"
+                         "{% if m.role == 'assistant' %}<eos>{% endif %}{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    assert tool_frame(tok, 2) is None
+    assert tok.decode(Observations(tok, True)(["1/2", "20"], 16, Calculator.plain)) == "<|tool|>1/2\n\n20<|assistant|>"
+
+
+@pytest.mark.parametrize("turn,expressions", [
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', ["2+3"]),
+    # every call of a turn runs, in the order written, whichever its form (once only the last ran)
+    ('<calc>1+1</calc> <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+     ["1+1", "2+3"]),
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call> <calc>1+1</calc>',
+     ["2+3", "1+1"]),
+    ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', []),  # another tool
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": 5}}</tool_call>', []),  # not text
+    ('<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', []),
+    ("<tool_call>{not json}</tool_call>", []),
+    ("<tool_call>" + "[" * 100_000 + "</tool_call>", []),  # past the JSON parser's depth, or the length cap
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "' + "1+" * 9000 + '1"}}</tool_call>', []),
 ])
-def test_a_call_in_the_templates_tool_call_form(turn, code):
-    assert Calculator(Problem("p", "5")).call(turn)[0] == code
+def test_a_call_in_the_templates_tool_call_form(turn, expressions):
+    calls, unread = Calculator(Problem("p", "5")).calls(turn)
+    assert [arguments["expression"] for _, arguments in calls] == expressions and unread == int(not expressions)
 
 
-@pytest.mark.parametrize("turn,code", [
-    ("```py\n  print(5)\n```", "print(5)\n"),  # a response's program as code problems read it: ```py, dedented
-    ("```python\nprint(1)\n```\n```python\nprint(2)", "print(1)\n"),  # an unclosed block is no call
+@pytest.mark.parametrize("turn,programs", [
+    ("```py\n  print(5)\n```", ["print(5)\n"]),  # a response's program as code problems read it: ```py, dedented
+    ("```python\nprint(1)\n```\n```python\nprint(2)", ["print(1)\n"]),  # an unclosed block is no call
+    # every block and call of a turn runs, in the order written (once only the last ran)
     ('```python\nprint(1)\n```\n<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>',
-     "print(2)"),
+     ["print(1)\n", "print(2)"]),
     ('<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>\n```python\nprint(1)\n```',
-     "print(1)\n"),
+     ["print(2)", "print(1)\n"]),
+    ("```python\nprint(1)\n```\ntext\n```python\nprint(2)\n```", ["print(1)\n", "print(2)\n"]),
 ])
-def test_python_tool_reads_the_last_block_or_call(turn, code):
-    assert PythonTool(Problem("p", "1")).call(turn)[0] == code
+def test_python_tool_reads_every_block_and_call(turn, programs):
+    assert [arguments["code"] for _, arguments in PythonTool(Problem("p", "1")).calls(turn)[0]] == programs
 
 
 def test_python_tool_call_in_the_templates_form():
     step = PythonTool(Problem("p", "3")).step('<tool_call>{"name": "python", "arguments": {"code": "print(1 + 2)"}}'
                                               '</tool_call>')
-    assert step.observation == "3\n" and step.details["tools/correct"] == 1
+    assert step.observation == ["3\n"] and step.details["tools/correct"] == 1
 
 
-@pytest.mark.parametrize("turn,output,failed", [
-    ("so <calc>4821+9377</calc>", "14198", False),
-    ("<calc>1/3+1/6</calc> then <calc>(2+3)*4</calc>", "20", False),  # the last call is run
-    ("<calc>1/3 + 1/6</calc>", "1/2", False),  # exact rationals
-    ("<calc>1/0</calc>", "error: division by zero", True),
-    ("<calc>__import__('os')</calc>", None, True),  # never Python's eval
-    ("<calc>" + "9" * 300 + "</calc>", "error: longer than 200 characters", True),
-    ("<calc>" + "(" * 150 + "1" + ")" * 150 + "</calc>", None, True),  # too deep for the bounded parser
+@pytest.mark.parametrize("turn,outputs,failed", [
+    ("so <calc>4821+9377</calc>", ["14198"], 0),
+    # every call runs, in order, one message each (once only the last ran: ["20"])
+    ("<calc>1/3+1/6</calc> then <calc>(2+3)*4</calc>", ["1/2", "20"], 0),
+    ("<calc>1/3 + 1/6</calc>", ["1/2"], 0),  # exact rationals
+    ("<calc>1/0</calc>", ["error: division by zero"], 1),
+    ("<calc>__import__('os')</calc>", None, 1),  # never Python's eval
+    ("<calc>" + "9" * 300 + "</calc>", ["error: longer than 200 characters"], 1),
+    ("<calc>" + "(" * 150 + "1" + ")" * 150 + "</calc>", None, 1),  # too deep for the bounded parser
+    ("<calc>4821+9377</calc> <calc>1/0</calc> <calc>14198</calc>", ["14198", "error: division by zero", "14198"], 1),
 ])
-def test_calculator_is_exact_and_bounded(turn, output, failed):
+def test_calculator_is_exact_and_bounded(turn, outputs, failed):
     step = Calculator(Problem("p", "14198")).step(turn)
-    assert step.details["tools/calls"] == 1 and step.details["tools/errors"] == int(failed)
-    assert step.details["tools/correct"] == int(output == "14198")
-    if output is not None:
-        assert step.observation == output
-    assert failed == step.observation.startswith("error:")
+    assert step.details["tools/calls"] == len(step.observation) and step.details["tools/errors"] == failed
+    assert step.details["tools/correct"] == (outputs or []).count("14198")
+    if outputs is not None:
+        assert step.observation == outputs
+    assert failed == sum(output.startswith("error:") for output in step.observation)
 
 
 def test_a_turn_without_a_call_ends_the_trace():
@@ -162,14 +239,14 @@ def test_a_turn_without_a_call_ends_the_trace():
 def test_python_tool_runs_the_block_in_the_sandbox():
     env = PythonTool(Problem("p", "42"))
     step = env.step("Let me compute.\n```python\nprint(6 * 7)\n```")
-    assert step.observation == "42\n" and step.details == {"tools/calls": 1, "tools/errors": 0, "tools/correct": 1,
-                                                         "tools/parse_errors": 0}
+    assert step.observation == ["42\n"] and step.details == {"tools/calls": 1, "tools/errors": 0, "tools/correct": 1,
+                                                           "tools/parse_errors": 0}
     crashed = env.step("```python\nprint(1)\nraise ValueError('bad')\n```")
-    assert crashed.observation.startswith("1\n") and "ValueError: bad" in crashed.observation
+    assert crashed.observation[0].startswith("1\n") and "ValueError: bad" in crashed.observation[0]
     assert crashed.details["tools/errors"] == 1
     # limits the program meets as exceptions come back as its error, counted: memory, processes
     greedy = env.step("```python\nx = 'x' * (1 << 40)\n```")
-    assert greedy.observation == "MemoryError" and greedy.details["tools/errors"] == 1
+    assert greedy.observation == ["MemoryError"] and greedy.details["tools/errors"] == 1
     # (a fork bomb's copies all fail, and their tracebacks interleave on stderr: its last line varies)
     bomb = env.step("```python\nimport os\nwhile True: os.fork()\n```")
     assert bomb.observation and bomb.details["tools/errors"] == 1
@@ -203,9 +280,10 @@ def boom():
 @pytest.mark.parametrize("answer", [boom, lambda: "text, not a Step", lambda: Step(observation=b"bytes"),
                                     lambda: Step(observation=None, reward=float("nan")),
                                     lambda: Step(observation=None, reward="1"), lambda: Step("x", details={"a": "b"}),
-                                    lambda: Step("x", details={"env/failures": -5}), lambda: Step("x\ud800")],
+                                    lambda: Step("x", details={"env/failures": -5}), lambda: Step("x\ud800"),
+                                    lambda: Step([]), lambda: Step(["x", 5]), lambda: Step(["x"] * 17)],
                          ids=["raises", "not-a-step", "bytes", "nan-reward", "text-reward", "text-detail",
-                              "rollout-metric", "lone-surrogate"])
+                              "rollout-metric", "lone-surrogate", "no-message", "not-text-message", "17-messages"])
 def test_a_failing_environment_ends_its_trace_with_reward_0_counted(answer):
     session = Session(Hostile(Problem("p", "1"), answer), Observations(load_tokenizer(TINY), True), 32)
     assert session.answer("anything") is None
@@ -235,6 +313,7 @@ class Scripted:
     def __init__(self, observations, reward=None):
         self.observations, self.reward, self.cut = list(observations), reward, False
         self.details, self.asked, self.stop, self.error = {"tools/calls": 0}, [], "", ""
+        self.turn_rewards = []  # no turn rewards: settle_trace gives each turn 0, as a Session without any
 
     def answer(self, turn):
         self.asked.append(turn)
@@ -268,7 +347,8 @@ def test_each_turn_is_a_row_whose_prompt_holds_every_earlier_turn_and_observatio
         ([1, 2], [7, eos], [-0.1, -0.2]), ([1, 2, 7, eos, 5, 6], [8, eos], [-0.6, -0.7])]
     assert a.response_ids == [7, eos, 8, eos] and a.text == f"8 {eos}" and not a.truncated
     stops = {f"stop/{s}": float(s == "done") for s in STOPS}  # both traces: the environment said done
-    assert a.transcript == f"7 {eos} 5 6 8 {eos}" and a.details == {"tools/calls": 1, "turns/mean": 2, **stops}
+    assert a.transcript == f"7 {eos} 5 6 8 {eos}" and \
+        a.details == {"tools/calls": 1, "turns/mean": 2, "turns/reward": 0.0, **stops}
     assert [c.response_ids for c in b.chunks] == [[9, 9, eos]] and b.details["turns/mean"] == 1
 
 
@@ -575,7 +655,7 @@ def test_env_python_reads_the_sandbox_knobs():
     try:
         env = environment_for("python", Turns(), load_tokenizer(TINY), True, sandbox=("auto", 2.0, 256))
         assert PythonTool.box.limits.timeout == 2.0 and PythonTool.box.limits.memory == 256 << 20
-        assert env.tools == [PythonTool.schema()]
+        assert env.tools == PythonTool.schemas()
     finally:
         PythonTool.box = None  # the process's sandbox: the next PythonTool makes the default one
 
@@ -664,11 +744,15 @@ def test_greedy_multi_turn_traces_with_a_stop_string_are_equal_in_both_engines(a
 
 def test_a_plain_frame_does_not_repeat_the_stop_string_the_turn_wrote():
     """Qwen2.5-Math's format without a chat template: the turn stops at "```output" (kept), so the
-    observation starts after it: "\\n42\\n```\\n", not "```output\\n42\\n```\\n" again."""
+    observation starts after it: "\\n42\\n```\\n", not "```output\\n42\\n```\\n" again. Several
+    outputs follow one another, each in its frame; only the first's start is the turn's."""
     tok = load_tokenizer(TINY)
     render = Observations(tok, chat_template=False)
     ids = render("42", 16, PythonTool.plain, turn="```python\nprint(42)\n```\n```output")
     assert tok.decode(ids) == "\n42\n```\n"
+    ids = render(["1", "2"], 16, PythonTool.plain, turn="```python\nprint(1)\n```\n```output")
+    assert tok.decode(ids) == "\n1\n```\n```output\n2\n```\n"
+    assert tok.decode(render(["1", "2"], 16, Calculator.plain)) == "<result>1</result><result>2</result>"
     assert tok.decode(render("42", 16, PythonTool.plain, turn="no fence")) == "```output\n42\n```\n"
     environments = environment_for("python", Turns(), tok, chat_template=False)
     assert environments.stop_strings == ("```output",)

@@ -1,5 +1,5 @@
 """Turn-level credit, `--turn-credit`: how a multi-turn trace's rewards become the advantages of its
-turns (docs/math.md §8, with a worked example that tests/test_multi_turn.py checks through `update`).
+turns (docs/math.md §8, with a worked example that tests/test_credit.py checks through `update`).
 
 Trace i of a group writes turns k = 1..K_i, each a training row. Its environment may give a reward
 r_{i,k} with the observation that answers turn k (a turn reward, `Step(observation, reward)`; 0 where
