@@ -111,7 +111,7 @@ class Turns:
 # turn, the turn cap, the context cap (--max-trace-tokens or the model's), a turn cut at max_new_tokens
 STOPS = ("done", "failed", "no_call", "max_turns", "context", "length")
 # what the rollout counts; an environment's details may not
-OWN = {"env/failures", "length/observation", "turns/mean", *(f"stop/{s}" for s in STOPS)}
+OWN = {"env/failures", "length/observation", "turns/mean", "turns/reward", *(f"stop/{s}" for s in STOPS)}
 MAX_MESSAGES = 16  # messages of one observation at most: a turn's tool calls past it are not run
 
 

@@ -212,3 +212,13 @@ def test_credit_settings_that_cannot_apply_are_named(over, message):
     cfg = replace(Config(algo=over["algo"]), **algos.get(over["algo"]).preset, **over)
     with pytest.raises(DataError, match=message):
         validate(cfg, world=1)
+
+
+def test_an_environment_may_not_log_its_own_turns_reward():
+    """turns/reward is the rollout's sum of the turn rewards: a Step's details may not set it."""
+    class Forging(Environment):
+        def step(self, turn):
+            return Step("ok", reward=0.0, details={"turns/reward": 5.0})
+    session = Session(Forging(Problem("p", "1")), Observations(load_tokenizer("assets/tiny-running-sum"), True), 8)
+    assert session.answer("turn") is None and session.stop == "failed"
+    assert "turns/reward" in session.error and session.details["env/failures"] == 1
