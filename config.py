@@ -494,7 +494,8 @@ def data_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
              f"rules on its own held-out split: " + ("leave its --eval-data entry empty" if mixed else
                                                      "drop --eval-data, or train on a file")),
             (has_own_splits(src) or held_out or cfg.eval_every == 0,
-             f"--data {src} is a file: give --eval-data FILE for held-out eval, or --eval-every 0"
+             f"--data {src} is data (a file or a dataset) with no held-out split of its own: give --eval-data "
+             f"(a file, or a dataset's split) for held-out eval, or --eval-every 0"
              + (" (one entry per source, in order, comma-separated)" if mixed else "")),
         ]
     own = "built in" if cfg.data in TASKS else "a task of its own"

@@ -41,7 +41,7 @@ SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24
     (["--data", f"running_sum,{FIXTURE}", "--eval-data", f"{FIXTURE},{FIXTURE}"],
      "--data running_sum is built in .* leave its --eval-data entry empty"),
     (["--data", f"running_sum,{FIXTURE}"],
-     f"--data {FIXTURE} is a file: give --eval-data FILE .* \\(one entry per source"),
+     f"--data {FIXTURE} is data .* with no held-out split of its own: give --eval-data .* \\(one entry per source"),
     (["--data", "running_sum,countdown", "--reward", "r.py:f"], "--data running_sum,countdown is no data file"),
 ])
 def test_sources_and_weights_are_checked_before_anything_loads(flags, message):
