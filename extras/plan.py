@@ -526,9 +526,9 @@ def _largest(ok, lo: int, hi: int) -> int | None:
 def _knobs(cfg, world: int, vocab: int) -> dict:
     """Per group of phases, the fields that shrink it: (field, lowest and highest count of
     units to try, unit); rollout_batch_size counts whole groups (unit G)."""
-    g, n, b_local = cfg.group_size, cfg.eval_samples, cfg.prompts_per_step // world
+    g, n = cfg.group_size, cfg.eval_samples
     rows, length, _ = micro_batch(cfg, target_for(cfg, world, "cuda"))
-    per_call = min(b_local, cfg.rollout_batch_size // g or b_local)
+    per_call = call_rows(cfg, world)[0] // g  # groups of a generate call, as rollout.generate cuts them
     prefill = ("prefill_chunk", 1, (cfg.prefill_chunk or prompt_tokens(cfg) + cfg.max_new_tokens) - 1, 1)
     return {
         "rollout": [("rollout_batch_size", 1, per_call - 1, g), prefill],  # whole groups per generate call
