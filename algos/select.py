@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from algos.high_entropy import high_entropy
 from algos.credit import row_advantage
+from algos.high_entropy import high_entropy
 
 
 def batch_wide(algo, cfg) -> bool:

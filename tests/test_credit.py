@@ -202,6 +202,15 @@ def test_a_reward_given_with_an_observation_is_its_turns(monkeypatch):
     assert shaped_score(e, config("outcome", group_size=1)) == 1.5
 
 
+def test_the_algorithms_that_read_turn_credit_are_those_with_a_group_normalisation():
+    """Algorithm.norm and the TURN_CREDIT_KNOBS are declared apart: an algorithm that read the knob
+    without a norm would fail in set_advantages, one with a norm that did not read it would refuse
+    a rule it can take."""
+    readers = {name for name, a in algos.ALGORITHMS.items() if "turn_credit" in {k.name for k in a.knobs}}
+    assert readers == {name for name, a in algos.ALGORITHMS.items() if a.norm is not None}
+    assert readers.isdisjoint({"psr", "nsr", "w_reinforce", "reinforce_pp", "pacs", "gspo"})
+
+
 @pytest.mark.parametrize("over,message", [
     (dict(algo="nsr", env="calculator", turn_credit="return"), "--algo nsr does not read turn_credit"),
     (dict(algo="grpo", turn_credit="mt_grpo"), "credits the turns of multi-turn traces: give --env"),
