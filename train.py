@@ -55,7 +55,6 @@ from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
                     require_trackers, response_tokens, rollout_shapes, trackers, validate)
 from engine import counters, run_counters
-from eval import evaluate
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
@@ -227,14 +226,13 @@ def collate_rows(learner: Learner, rows: list):
 
 
 def fixed_passes(learner: Learner, *, minibatches: list) -> tuple[list[list], list[list]]:
-    """(olds, refs), [mini-batch][micro-batch]: the π_old scorer outputs and π_ref log-probs of every
-    micro-batch, computed before the first optimizer step changes the weights. π_old of the first
-    mini-batch is left None: micro_step takes it from its own first forward, detached (the same
-    weights), so the on-policy case K = μ = 1 costs no extra pass; unless a batch-wide token choice
-    needs it before that forward."""
+    """(olds, refs) [mini-batch][micro-batch]: π_old outputs and π_ref log-probs before a step moves θ; None
+    where micro_step's own forward is π_old, detached (mini-batch 1, no batch-wide choice): K = 1, β = 0 run none."""
     cfg, algo = learner.cfg, learner.algo
     olds = [[None] * len(micro) for _, micro in minibatches]
     refs = [[None] * len(micro) for _, micro in minibatches]
+    if len(minibatches) == 1 and not batch_wide(algo, cfg) and learner.ref_scorer is None:
+        return olds, refs
     with torch.no_grad(), learner.autocast():
         for i, (mb_episodes, micro) in enumerate(minibatches):
             for j, rows in enumerate(micro):
@@ -647,6 +645,7 @@ def train(cfg: Config, setup: Setup) -> None:
     logger = Logger(out, rank == 0, tokenizer, cfg, purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval():
+        from eval import evaluate  # a run with --eval-every 0 never loads the eval script
         with full_weights(learner.scorer), learner.autocast():
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape))[0]
 

@@ -102,10 +102,10 @@ def token_weights(mask: torch.Tensor, *, loss_agg: str, n_seqs: int, n_tokens: i
     raise ValueError(f"loss_agg={loss_agg!r}: choose one of {', '.join(LOSS_AGGS)}")
 
 
-def clipped_surrogate(logp, old_logp, adv, *, clip_low: float, clip_high: float,
-                      dual_clip: float = 0.0):
-    """PPO-clip per-token loss ℓ [N, T] and a bool [N, T] of where the clip took the gradient away.
-    adv is per response [N] and broadcast over tokens."""
+def clipped_surrogate(logp, old_logp, adv, *, clip_low: float, clip_high: float, dual_clip: float = 0.0):
+    """PPO-clip per-token loss ℓ [N, T] and a bool [N, T] of where the clip took the gradient away; adv is
+    per response [N], broadcast over tokens. At K = μ = 1 (the default) the ratio is exactly 1 and the clip
+    does nothing (pg/clipfrac 0); it acts when --epochs or --mini-batches move the policy before the last pass."""
     ratio = torch.exp(logp - old_logp)
     a = adv[:, None]
     unclipped = -a * ratio
