@@ -1,0 +1,80 @@
+"""tutorial/grpo.py, GRPO in one file, is train.py's default path: the same run, number for number.
+
+Both run with the same seed and settings for two steps (16 prompts × 8 samples, so one rank takes
+its 128 responses in two micro-batches of 64 and two ranks one each), with an eval before the first
+step and after the last. The rewards, losses, gradient norms and eval accuracy they log must be
+equal as train.py logs them (6 decimals), and the final weights equal bit for bit: both do the same
+float operations in the same order, so there is no tolerance to state. When a default of train.py
+changes (its loss aggregation, clip, learning rate, schedule, sampling...), the weights differ and this
+test fails until the file follows.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from helpers import ROOT, metrics, torchrun
+
+FILE = ROOT / "tutorial" / "grpo.py"
+EVAL = ["--eval-every", "2", "--eval-problems", "16"]  # with a batch of 32: two calls of 8 problems × 4 samples
+FILE_FLAGS = ["--steps", "2", *EVAL, "--eval-batch", "32"]
+TRAIN_FLAGS = ["--algo", "grpo", "--engine", "hf", "--max-steps", "2", *EVAL, "--eval-batch-size", "32",
+               "--report-to", "none"]
+
+
+def test_the_file_is_one_sitting_and_imports_only_the_task():
+    """At most 300 lines, and of the project only tasks.py (the problems and the grader)."""
+    source = FILE.read_text()
+    assert len(source.splitlines()) <= 300
+    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    ours = {p.stem for p in ROOT.glob("*.py")} | {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert imported & ours == {"tasks"}
+
+
+def run_both(tmp_path: Path, world: int) -> tuple[Path, Path]:
+    """(the file's folder, train.py's folder) after two steps of each on `world` ranks."""
+    mine, theirs = tmp_path / "file", tmp_path / "train"
+    for script, flags, out in ((FILE, FILE_FLAGS, mine), (ROOT / "train.py", TRAIN_FLAGS, theirs)):
+        args = [str(script), *flags, "--out", str(out)]
+        if world == 1:  # one thread, as each of two ranks has: a process of 2 threads on 2 busy cores crawls
+            done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+        else:
+            done = torchrun(*args, nproc=world, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return mine, theirs
+
+
+def assert_same_run(mine: Path, theirs: Path) -> None:
+    logged = metrics(mine)
+    assert [row["step"] for row in logged] == [0, 1, 2]
+    assert {"reward/mean", "loss/total", "grad/norm", "eval/accuracy"} <= {k for row in logged for k in row}
+    for row, reference in zip(logged, metrics(theirs), strict=True):
+        assert row == {k: reference[k] for k in row}, (row, reference)
+    weights = load_file(str(mine / "model.safetensors"))
+    reference = load_file(str(theirs / "checkpoints" / "step-2" / "model.safetensors"))
+    assert set(weights) == set(reference)
+    different = [name for name in reference if not (weights[name] == reference[name]).all()]
+    assert not different, f"weights differ after 2 steps: {different}"
+    # the run learned something, so equal weights are not two untouched copies of the shipped model
+    shipped = load_file(str(ROOT / "assets" / "tiny-running-sum" / "model.safetensors"))
+    assert any(not (weights[name] == shipped[name]).all() for name in shipped)
+
+
+@pytest.mark.slow
+def test_the_file_equals_train_py_on_one_rank(tmp_path):
+    assert_same_run(*run_both(tmp_path, world=1))
+
+
+@pytest.mark.slow
+def test_the_file_equals_train_py_on_two_ranks(tmp_path):
+    assert_same_run(*run_both(tmp_path, world=2))
