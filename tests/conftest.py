@@ -1,4 +1,7 @@
+import importlib.util
 import sys
+from collections import Counter
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,12 @@ sys.path.insert(0, str(ROOT / "assets"))
 # Fixtures whose set-up alone is slow: every test that asks for one is marked slow (a test that is
 # not would pay for the whole set-up in the fast tier).
 SLOW_FIXTURES = {"two_rank_runs"}
+WANTS: dict[str, list[str]] = {}  # node id -> the optional packages it lacks here (collection fills it)
+
+
+@cache
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def pytest_configure(config):
@@ -17,12 +26,29 @@ def pytest_configure(config):
         "markers", "slow: seconds or more on 2 CPU cores (torchrun launches, subprocess training runs, "
                    "compiles, many training steps, time limits); `python -m pytest -m \"not slow\" tests` "
                    "leaves them out, CI runs them all")
+    config.addinivalue_line(
+        "markers", "needs(package): the test uses an optional package (requirements.txt's comments) and skips "
+                   "without it, naming the pip command; .ci/run installs them all and runs `-m needs` after the "
+                   "README's line")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        missing = [p for mark in item.iter_markers("needs") for p in mark.args if not installed(p)]
+        if missing:
+            WANTS[item.nodeid] = missing
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}: pip install {' '.join(missing)}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`-q` lists no skip reasons: one line counts the tests skipped for want of an optional package."""
+    wanted = Counter(p for r in terminalreporter.stats.get("skipped", ()) for p in WANTS.get(r.nodeid, ()))
+    if wanted:
+        terminalreporter.write_line(f"skipped for want of an optional package: "
+                                    f"{', '.join(f'{p} ({n})' for p, n in sorted(wanted.items()))}; "
+                                    f"pip install {' '.join(sorted(wanted))} to run them (.ci/run does)")
 
 
 @pytest.fixture(scope="session")

@@ -107,14 +107,25 @@ def test_gpu_check_without_cuda_says_so_in_one_line():
     assert out.stdout == ""
 
 
-@pytest.mark.slow
-def test_gpu_check_quick_on_cpu(tmp_path):
-    # train is lora's code path twice (--engine fast, hf), and its own arithmetic is tested above
+def quick_check(tmp_path, skip: str) -> dict:
+    """`gpu_check.py --device cpu --quick --skip SKIP`, which must pass: its parts' report, each part within
+    its cap, and the printed table one row group a part, in the report's order."""
     report_path = tmp_path / "check.json"
-    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", "train", "--out", str(report_path))
+    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", skip, "--out", str(report_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     parts = json.loads(report_path.read_text())["parts"]
-    assert list(parts) == ["decode", "agree", "rng", "lora"]  # by value: train, decode, agree, rng, lora
+    assert all(p["seconds"] <= p["cap_s"] and "timed_out" not in p for p in parts.values())
+    header, rows = table(out.stdout.split("wrote")[-1])
+    assert header == ["part", "measure", "value"] and list(dict.fromkeys(r[0] for r in rows)) == list(parts)
+    return parts
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_on_cpu(tmp_path):
+    # train is lora's code path twice (--engine fast, hf), and its own arithmetic is tested above;
+    # lora, which needs peft, is the next test's
+    parts = quick_check(tmp_path, "train,lora")
+    assert list(parts) == ["decode", "agree", "rng"]  # by value: train, decode, agree, rng, lora
     decode = parts["decode"]
     assert [(r["regime"], r["batch"]) for r in decode["rows"]] == [
         (regime, b) for regime in ("bound", "training") for b in (4, 8) for _ in "ef"]
@@ -131,11 +142,15 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     rng = parts["rng"]  # seeded, so not flaky: the eager engine's draws fit the known distribution
     assert rng["draws"] == 2 * 64 * 16 and min(rng["chi2_p"], rng["successive"]["p_value"],
                                                 rng["across_calls"]["p_value"]) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.needs("peft")
+def test_gpu_check_quick_lora_on_cpu(tmp_path):
+    parts = quick_check(tmp_path, "train,decode,agree,rng")
+    assert list(parts) == ["lora"]
     lora = parts["lora"]["lora"]
     assert len(lora["step_s"]) == len(lora["compile_s"]) == 3 and lora["plan_gib"]["update"] > 0
-    assert all(p["seconds"] <= p["cap_s"] and "timed_out" not in p for p in parts.values())
-    header, rows = table(out.stdout.split("wrote")[-1])
-    assert header == ["part", "measure", "value"] and list(dict.fromkeys(r[0] for r in rows)) == list(parts)
 
 
 @pytest.mark.slow

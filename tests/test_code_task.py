@@ -7,8 +7,6 @@ strongest isolation this machine has (isolation "auto").
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import config
@@ -79,12 +77,18 @@ def test_prompt_recipes():
     assert "# define twoSum here" in lcb.problems[4].prompt and set(CODE_TEMPLATES) == {"deepcoder", "lcb", "prime"}
 
 
-def test_code_file_shapes_and_mistakes(tmp_path):
+@pytest.mark.needs("pyarrow")
+def test_an_apps_parquet_file_is_a_code_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     apps = tmp_path / "apps.parquet"  # APPS / TACO: the tests as JSON text in input_output
     pq.write_table(pa.Table.from_pylist([{"question": "Echo.", "input_output": json.dumps(
         {"inputs": ["x\n"], "outputs": ["x\n"]})}]), apps)
     assert is_code_file(str(apps)) and make_task(str(apps)).grade_batch(
         [(Problem("Echo.", f"{apps}:1"), fenced("print(input())"))], 0.0)[0].reward == 1.0
+
+
+def test_code_file_shapes_and_mistakes(tmp_path):
     rows = tmp_path / "rows.jsonl"
     good = {"prompt": "p", "tests": {"inputs": ["1"], "outputs": ["1"]}}
     for lines, message in [

@@ -122,10 +122,11 @@ def _columns_of_one_type(rows: list[dict]) -> list[dict]:
     return [{k: str(v) if k in mixed else v for k, v in r.items()} for r in rows]
 
 
+@pytest.mark.needs("pyarrow")
 @pytest.mark.parametrize("name", NAMES)
 def test_json_list_and_parquet_copies_load_the_same(name, tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     expected = load_file(str(fixture(name)))
     rows = raw_rows(name)
 
@@ -138,9 +139,10 @@ def test_json_list_and_parquet_copies_load_the_same(name, tmp_path):
     assert load_file(str(as_parquet)) == expected
 
 
+@pytest.mark.needs("pyarrow")
 def test_parquet_keeps_float_and_int_answer_columns(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     path = tmp_path / "typed.parquet"
     table = pa.table({"question": ["a", "b"], "answer": pa.array([142.0, 4.25], pa.float64()),
                       "year": pa.array([2023, 2023], pa.int64())})
@@ -217,16 +219,23 @@ def test_empty_or_non_text_field_is_named(tmp_path, value):
         load_file(path)
 
 
-def test_null_field_falls_back_to_the_next_name_as_in_parquet(tmp_path):
-    """pyarrow gives every row every column (None where the row had none), so a null is a missing field."""
-    rows = [{"problem": "a", "answer": "1", "solution": None}, {"problem": "b", "answer": None, "solution": "\\boxed{2}"}]
-    path = _write(tmp_path, "mixed.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+NULLS = [{"problem": "a", "answer": "1", "solution": None}, {"problem": "b", "answer": None, "solution": "\\boxed{2}"}]
+
+
+def test_a_null_field_falls_back_to_the_next_name(tmp_path):
+    path = _write(tmp_path, "mixed.jsonl", "".join(json.dumps(r) + "\n" for r in NULLS))
     assert load_file(path) == [Problem("a", "1"), Problem("b", "2")]
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
-    assert load_file(str(tmp_path / "mixed.parquet")) == [Problem("a", "1"), Problem("b", "2")]
     with pytest.raises(DataError, match=r"nulls\.jsonl:1: missing field: expected one of answer"):
         load_file(_write(tmp_path, "nulls.jsonl", '{"question": "a", "answer": null}\n'))
+
+
+@pytest.mark.needs("pyarrow")
+def test_null_field_falls_back_to_the_next_name_as_in_parquet(tmp_path):
+    """pyarrow gives every row every column (None where the row had none), so a null is a missing field."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(NULLS), tmp_path / "mixed.parquet")
+    assert load_file(str(tmp_path / "mixed.parquet")) == [Problem("a", "1"), Problem("b", "2")]
 
 
 @pytest.mark.parametrize("filename,text", [("empty.jsonl", ""), ("blank.jsonl", "\n  \n"),
@@ -237,9 +246,10 @@ def test_empty_file(tmp_path, filename, text):
         load_file(path)
 
 
+@pytest.mark.needs("pyarrow")
 def test_empty_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     path = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"problem": pa.array([], pa.string()),
                              "answer": pa.array([], pa.string())}), path)
@@ -380,10 +390,11 @@ def test_gt_ground_truth_and_verl_rows_load():
     assert verl[2].prompt.startswith("Solve the following") and all(p.id == "" for p in verl)
 
 
+@pytest.mark.needs("pyarrow")
 @pytest.mark.parametrize("name", ["olympiad", "verl"])
 def test_lists_and_nested_objects_load_the_same_from_parquet(name, tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     rows = raw_rows(name)
     if name == "verl":  # one parquet column has one type: extra_info's index is text in every row
         rows = [{**r, "extra_info": {"index": str(r["extra_info"]["index"]), "split": r["extra_info"]["split"]}}
@@ -509,8 +520,8 @@ def test_a_null_options_field_is_no_choice(tmp_path):
 
 @pytest.fixture
 def hf_datasets():
-    return pytest.importorskip("datasets", reason="datasets is optional (pip install datasets); the saved-folder "
-                                                  "and Hub-cache tests need it")
+    import datasets
+    return datasets
 
 
 @pytest.mark.parametrize("value, named", [
@@ -522,12 +533,14 @@ def test_what_names_a_hub_dataset(value, named):
     assert is_dataset_name(value) is named
 
 
+@pytest.mark.needs("datasets")
 @pytest.mark.parametrize("name", ["gsm8k", "math500", "olympiad", "qwen25_math"])
 def test_a_saved_dataset_folder_loads_like_its_file(hf_datasets, tmp_path, name):
     hf_datasets.Dataset.from_list(raw_rows(name)).save_to_disk(str(tmp_path / name))
     assert load_file(str(tmp_path / name)) == load_file(str(fixture(name)))
 
 
+@pytest.mark.needs("datasets")
 def test_a_saved_dataset_dict_names_its_splits(hf_datasets, tmp_path):
     rows, folder = raw_rows("gsm8k"), tmp_path / "gsm8k"
     hf_datasets.DatasetDict({"train": hf_datasets.Dataset.from_list(rows[:3]),
@@ -539,6 +552,7 @@ def test_a_saved_dataset_dict_names_its_splits(hf_datasets, tmp_path):
     assert load_file(str(folder / "test")) == load_file(str(fixture("gsm8k")))[3:]
 
 
+@pytest.mark.needs("datasets")
 def test_a_saved_folder_as_data_and_as_eval_data(hf_datasets, tmp_path):
     import config
     import data
@@ -600,6 +614,7 @@ for source in sys.argv[1:]:
 print(json.dumps(out))"""
 
 
+@pytest.mark.needs("datasets")
 def test_hub_datasets_from_the_cache_offline(hf_datasets, tmp_path):
     gsm8k = raw_rows("gsm8k")
     populate_hub_cache(tmp_path / "cache", "openai/gsm8k", "main", {"train": gsm8k[:3], "test": gsm8k[3:]})
@@ -625,6 +640,7 @@ def test_hub_datasets_from_the_cache_offline(hf_datasets, tmp_path):
         f"set): load it once with network, or give a .jsonl/.json/.parquet file")
 
 
+@pytest.mark.needs("datasets")
 def test_eval_reads_a_hub_dataset_offline_and_says_a_missing_one_in_one_line(hf_datasets, tmp_path):
     gsm8k = raw_rows("gsm8k")
     populate_hub_cache(tmp_path / "cache", "openai/gsm8k", "main", {"train": gsm8k[:3], "test": gsm8k[3:]})

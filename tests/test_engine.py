@@ -356,6 +356,7 @@ def test_a_weight_the_inference_copy_lacks_is_named():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_stacked_projections_write_what_hf_generate_writes(arch):
     """With LoRA adapters (B drawn at random, so they change what the model writes) the engine decodes
     from its own fp32 copy, in which q|k|v and gate|up are each one weight (Stacked) and the

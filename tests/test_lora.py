@@ -1,7 +1,8 @@
 """LoRA through peft (extras/lora.py, issue 24): only the adapters train, the reference is the base with
 the adapters off, rollouts see the adapted policy, checkpoints load in peft and (merged) in
 transformers, a killed run resumes exactly, and user mistakes are named before anything loads.
-The 1 process / DDP / FSDP2 gradient agreement and FSDP rollouts are in test_parallel.py."""
+The 1 process / DDP / FSDP2 gradient agreement and FSDP rollouts are in test_parallel.py. peft is
+optional: every test but the learning rate's is marked `needs("peft")` and skips without it."""
 import json
 import math
 import shutil
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -67,6 +67,7 @@ def learner(scorer, lm, ref_scorer, optimizer, scheduler, cfg) -> train.Learner:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_a_step_trains_the_adapters_only_and_adamw_holds_only_theirs(qwen2_dir):
     """A random Qwen2 with adapters on its 7 linear layers: one GRPO update with AdamW, built as
     train.main builds it; every base weight stays bitwise equal, every adapter tensor moves."""
@@ -93,6 +94,7 @@ def initial(qwen2_dir) -> dict:
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{a}-{i}" for i, (a, _) in enumerate(CASES)])
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_every_algorithm_trains_the_adapters_only(case, qwen2_dir, initial):
     """test_invariance's cases (every --algo, Markovian chunk rows, K > 1, epochs, token budgets)
     with LoRA: the update runs, moves every adapter, and leaves the base bitwise as loaded."""
@@ -113,6 +115,7 @@ def test_lora_learning_rate_is_ten_times_lr():
 # ============================================================================ the reference
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
     """AdaptersOff(scorer) gives the base model's log-probs (a separately loaded copy) to 1e-6 while
     the adapted policy's differ; after it the adapters are on and trainable again. With fresh
@@ -144,6 +147,7 @@ def test_the_reference_is_the_base_with_adapters_off(qwen2_dir):
 # ============================================================================ rollouts
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_the_engine_step_compiles_whole_with_lora_layers_and_sees_them():
     """With peft's LoRA layers in the model, the engine decodes from its inference copy with the
     adapters merged (W + (α/r)·B A): torch.compile(fullgraph=True) traces that step (no graph
@@ -182,6 +186,7 @@ def trained_policy(checkpoint: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_checkpoints_load_in_peft_and_merged_in_transformers(reference, tmp_path):
     """Every checkpoint is an adapter folder; only the last also has merged weights, in merged/. The
     adapter folder loaded with PeftModel.from_pretrained (or transformers' own from_pretrained, which
@@ -206,6 +211,7 @@ def test_checkpoints_load_in_peft_and_merged_in_transformers(reference, tmp_path
     episodes = generate(lm, tok, problems, encode_prompts(tok, problems, True), group_size=4,
                         sampling=Sampling(1.0, max_new_tokens=48))
     policy_logp = logprobs(lm, episodes)
+    from peft import PeftModel  # here, not at the top: without peft the module still collects
     in_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(SHIPPED), str(last))
     merged = AutoModelForCausalLM.from_pretrained(str(last / "merged"))
     via_transformers = AutoModelForCausalLM.from_pretrained(str(last))  # its peft integration: base + adapters
@@ -223,6 +229,7 @@ def test_checkpoints_load_in_peft_and_merged_in_transformers(reference, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_a_damaged_lora_checkpoint_is_named(reference, tmp_path):
     run = shutil.copytree(reference, tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
     newest = run / "checkpoints" / f"step-{STEPS}"
@@ -233,6 +240,7 @@ def test_a_damaged_lora_checkpoint_is_named(reference, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("peft")
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A LoRA run in another process is killed as soon as a checkpoint after step-1 is being
     written; `--resume` loads the base from --model and the adapters and AdamW from the newest
@@ -261,6 +269,7 @@ def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, c
 
 # ============================================================================ mistakes
 
+@pytest.mark.needs("peft")  # without peft, --lora-rank stops first with the pip command (the last check)
 def test_lora_mistakes_are_named_before_anything_loads(monkeypatch, tmp_path):
     msg = run_main(["--lora-rank", "8", "--lora-targets", "q_proj,qproj", "--max-steps", "1"])
     assert msg.startswith("error: --lora-targets q_proj,qproj: qproj is not a linear layer of LlamaForCausalLM's "

@@ -3,7 +3,8 @@ really hold on the training path; FSDP rollouts generate from the full weights a
 sharded parameters in place.
 
 Every 2-rank check runs in ONE spawn of two gloo processes (`two_ranks`): starting a rank costs
-seconds of imports on a 2-core machine, the checks themselves a fraction of that.
+seconds of imports on a 2-core machine, the checks themselves a fraction of that. The LoRA checks
+(peft is optional) run in a second spawn (`two_ranks_lora`), so that the first runs without peft.
 """
 from contextlib import nullcontext
 from dataclasses import replace
@@ -163,16 +164,18 @@ def every_mode(model_dir, cfg, rank, world) -> dict:
     return got
 
 
-def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
+def _worker(rank, world, init_file, model_dir, lora, out_file):
+    """The checks without LoRA on model_dir (the random Llama), or (lora) those with it on the random Qwen2."""
     join_ranks(rank, world, init_file, timeout=60)
-    result = {"updates": {algo: every_mode(model_dir, config(algo, over, micro=3), rank, world)
-                          for algo, over in UPDATE_CASES},
-              "lora": [every_mode(qwen2_dir, config(algo, over, micro=3), rank, world) for algo, over in LORA_CASES]}
-    for name, rollouts in (("rollouts", fsdp_rollouts), ("lora_rollouts", lora_rollouts)):
-        mine = rollouts(SHIPPED, rank, world)
-        result[name] = [None] * world
-        dist.all_gather_object(result[name], mine)
-    for mode, lora in COMPILED_CASES:
+    if lora:
+        result = {"lora": [every_mode(model_dir, config(algo, over, micro=3), rank, world) for algo, over in LORA_CASES]}
+    else:
+        result = {"updates": {algo: every_mode(model_dir, config(algo, over, micro=3), rank, world)
+                              for algo, over in UPDATE_CASES}}
+    name, rollouts = ("lora_rollouts", lora_rollouts) if lora else ("rollouts", fsdp_rollouts)
+    result[name] = [None] * world
+    dist.all_gather_object(result[name], rollouts(SHIPPED, rank, world))
+    for mode in (mode for mode, with_lora in COMPILED_CASES if with_lora == lora):
         got = compiled_rounds(SHIPPED, rank, world, mode, lora)
         eng = got.pop("engine")
         got.update(copy=eng._twin is not None, moves=eng.moves)
@@ -183,12 +186,21 @@ def _worker(rank, world, init_file, model_dir, qwen2_dir, out_file):
     leave_ranks()
 
 
-@pytest.fixture(scope="module")
-def two_ranks(random_model_dir, qwen2_dir, tmp_path_factory):
+def spawned(tmp_path_factory, model_dir: str, lora: bool) -> dict:
     tmp = tmp_path_factory.mktemp("two-ranks")
-    out = tmp / "rank0.pt"
-    spawn_ranks(_worker, tmp, random_model_dir, qwen2_dir, str(out))
-    return torch.load(out)
+    spawn_ranks(_worker, tmp, model_dir, lora, str(tmp / "rank0.pt"))
+    return torch.load(tmp / "rank0.pt")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(random_model_dir, tmp_path_factory):
+    return spawned(tmp_path_factory, random_model_dir, lora=False)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_lora(qwen2_dir, tmp_path_factory):
+    """The LoRA checks, in a spawn of their own: they need peft, which is optional."""
+    return spawned(tmp_path_factory, qwen2_dir, lora=True)
 
 
 # ============================================================================ 1. same update
@@ -215,7 +227,8 @@ def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks)
 
 @pytest.mark.parametrize("case", range(len(LORA_CASES)), ids=[a for a, _ in LORA_CASES])
 @pytest.mark.slow
-def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2_dir):
+@pytest.mark.needs("peft")
+def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks_lora, qwen2_dir):
     """LoRA on a random Qwen2, one mini-batch under SGD with lr 1 (the change of a weight is its
     gradient): 1 process with micro-batch 12 against 2 ranks with micro-batch 3 under DDP, FSDP2
     and FSDP2 with gradient checkpointing; the adapters agree to 1e-6, every base weight is
@@ -229,8 +242,8 @@ def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2
     assert frozen.keys() == start.keys()
     assert all(torch.equal(start[k], base[f]) for k, f in frozen.items())
     for mode in ("ddp", "fsdp", "fsdp+checkpointing"):
-        assert mode == "ddp" or two_ranks["lora"][case][f"{mode} sharded"], mode
-        weights, metrics = two_ranks["lora"][case][mode]
+        assert mode == "ddp" or two_ranks_lora["lora"][case][f"{mode} sharded"], mode
+        weights, metrics = two_ranks_lora["lora"][case][mode]
         assert all(torch.equal(start[k], weights[f]) for k, f in frozen.items()), f"{mode}: a base weight changed"
         for k in adapters:
             gap = (weights[k] - base[k]).abs().max()
@@ -240,12 +253,13 @@ def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks, qwen2
 
 
 @pytest.mark.slow
-def test_lora_rollouts_see_the_adapters_with_both_engines_under_fsdp(two_ranks):
+@pytest.mark.needs("peft")
+def test_lora_rollouts_see_the_adapters_with_both_engines_under_fsdp(two_ranks_lora):
     """Greedy tokens of a LoRA policy sharded by FSDP, inside full_weights: HF generate and the
     engine both write what the one-process adapted model writes, which is not what the base writes."""
-    for rank, r in enumerate(two_ranks["lora_rollouts"]):
+    for rank, r in enumerate(two_ranks_lora["lora_rollouts"]):
         assert r["hf"] == r["plain"] and r["fast"] == r["plain"], rank
-    assert any(r["plain"] != r["base"] for r in two_ranks["lora_rollouts"])
+    assert any(r["plain"] != r["base"] for r in two_ranks_lora["lora_rollouts"])
 
 
 # ============================================================================ 4. FSDP rollouts
@@ -270,9 +284,11 @@ def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
 COMPILED_CASES = [("fsdp", False), ("ddp", False), ("fsdp", True)]
 
 
-@pytest.mark.parametrize("mode,lora", COMPILED_CASES, ids=[f"{m}{'-lora' * lora}" for m, lora in COMPILED_CASES])
+@pytest.mark.parametrize("mode,lora", [pytest.param(m, lora, id=f"{m}{'-lora' * lora}",
+                                                    marks=pytest.mark.needs("peft") if lora else ())
+                                       for m, lora in COMPILED_CASES])
 @pytest.mark.slow
-def test_the_traced_engine_runs_on_wrapped_policies(two_ranks, mode, lora):
+def test_the_traced_engine_runs_on_wrapped_policies(mode, lora, request):
     """The engine's step traced as CUDA traces it (fullgraph=True; FSDP2's hooks are marked
     untraceable, so the step must run on the hook-free inference copy) on a policy under DDP or
     FSDP2, with LoRA or not: greedy, it writes HF generate's tokens in each of 3 rounds with an
@@ -281,6 +297,7 @@ def test_the_traced_engine_runs_on_wrapped_policies(two_ranks, mode, lora):
     LoRA decode from the copy. No call after the first finds the slab or a weight at a new address
     (the slab is kept between calls; the copy is refreshed in place), so on CUDA no graph is
     recorded again."""
+    two_ranks = request.getfixturevalue("two_ranks_lora" if lora else "two_ranks")
     for rank, got in enumerate(two_ranks[f"compiled {mode}{' lora' * lora}"]):
         for r in got["rounds"]:
             assert r["fast"] == r["hf"], rank

@@ -1,7 +1,6 @@
 """python -m extras.plot: the curves of runs' metrics.jsonl as a picture, with matplotlib when it is installed."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,8 +11,6 @@ import pytest
 from extras import plot
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="matplotlib is not installed: pip install matplotlib")
 
 
 def a_run(folder: Path, rows: list[dict], torn: str = "") -> str:
@@ -45,7 +42,7 @@ def test_keys_and_patterns_pick_what_the_runs_logged(tmp_path, capsys):
     assert plot.trailing_mean([1, 3, 5, 7], 2) == [1, 2, 4, 6]
 
 
-@needs_matplotlib
+@pytest.mark.needs("matplotlib")
 @pytest.mark.parametrize("suffix", ["png", "svg"])
 def test_the_command_draws_one_panel_per_key_and_one_line_per_run(tmp_path, suffix):
     out = tmp_path / f"curves.{suffix}"

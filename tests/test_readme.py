@@ -124,11 +124,12 @@ def test_every_relative_link_and_anchor_resolves():
     assert not broken, "\n".join(broken)
 
 
-def ci_pytest_line() -> str:
+def ci_pytest_lines() -> list[str]:
+    """.ci/run's commands that run pytest, in order."""
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
              if "python -m pytest" in line and not line.strip().startswith("#")]
     assert lines, ".ci/run runs no `python -m pytest`"
-    return lines[-1]
+    return lines
 
 
 def installs(command: str) -> set[str]:
@@ -140,13 +141,20 @@ def installs(command: str) -> set[str]:
 def test_the_first_code_block_holds_the_set_up_commands_and_the_test_command_is_ci_s():
     first = [line.strip() for line in code_blocks(readme().read_text())[0] if line.strip()]
     assert first[0] == TRAIN, f"the README's first command must stay {TRAIN!r}"
-    test_line = first[1]
-    ci = ci_pytest_line()
-    pytest_call = ci[ci.index("python -m pytest"):]
-    assert test_line.startswith("pip install ") and test_line.endswith(pytest_call), \
-        f"the README's test command {test_line!r} must end with CI's {pytest_call!r}"
-    assert installs(test_line) == installs(ci), \
-        f"the README installs {sorted(installs(test_line))}, .ci/run {sorted(installs(ci))}"
+    assert first[1] == ci_pytest_lines()[0], \
+        f"the README's test command {first[1]!r} must be .ci/run's first, to the letter: {ci_pytest_lines()[0]!r}"
+    assert installs(first[1]) == {"torch==2.13.0", "-r", "requirements.txt", "pytest"}, \
+        f"the README's test command installs {sorted(installs(first[1]))}: an optional package goes in .ci/run's second"
+
+
+def test_ci_then_installs_every_optional_package_a_test_needs_and_runs_those_tests():
+    """What the README's line skips (tests/conftest.py's `needs` marker) CI runs next, with the packages."""
+    needed = {m for path in (ROOT / "tests").glob("*.py")
+              for m in re.findall(r"mark\.needs\(\"([\w.-]+)\"\)", path.read_text())}
+    assert needed, "no test is marked needs(package)"
+    rest = ci_pytest_lines()[1:]
+    assert [line[line.index("python -m pytest"):] for line in rest] == ["python -m pytest -q -m needs tests"], rest
+    assert needed <= installs(rest[0]), f".ci/run's second line installs none of {sorted(needed - installs(rest[0]))}"
 
 
 def test_no_hand_kept_test_count_or_line_count_column():
