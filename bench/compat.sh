@@ -25,7 +25,8 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
     # torch from PyPI, not requirements.txt's CPU advice: PyPI's default wheel is the CUDA build a GPU
     # user installs (it runs on CPU too). The rest is the README's test command, less requirements.txt's
-    # own torch / transformers floors, so that a pair older than them can be tried.
+    # own torch / transformers floors, so that a pair older than them can be tried, and the optional
+    # packages that the LoRA and parquet tests of the default list need.
     "$venv/bin/pip" install -q "$(pin torch "$torch_v")" "$(pin transformers "$tf_v")" \
         -r <(grep -vE '^(torch|transformers)([<>=!~ ]|$)' requirements.txt) pytest pyarrow peft
 fi
@@ -36,6 +37,6 @@ print("torch", torch.__version__, "(CUDA build %s)" % torch.version.cuda, "| tra
       "| peft", peft.__version__)'
 start=$SECONDS
 rc=0
-"$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" || rc=$?
+"$venv/bin/python" -m pytest -q -p no:cacheprovider --extended "${tests[@]}" || rc=$?  # the extended tests too
 echo "torch $torch_v, transformers $tf_v: pytest exit $rc in $((SECONDS - start)) s (venv $venv)"
 exit $rc

@@ -13,12 +13,18 @@ sys.path.insert(0, str(ROOT / "assets"))
 # Fixtures whose set-up alone is slow: every test that asks for one is marked slow (a test that is
 # not would pay for the whole set-up in the fast tier).
 SLOW_FIXTURES = {"two_rank_runs"}
-WANTS: dict[str, list[str]] = {}  # node id -> the optional packages it lacks here (collection fills it)
+EXTENDED = "python -m pytest -q --extended -m extended tests"
+SKIPPED: dict[str, str] = {}  # node id -> the command that would run it here (collection fills it)
 
 
 @cache
 def installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="run the tests marked extended too (the README's line skips them; .ci/run runs them)")
 
 
 def pytest_configure(config):
@@ -30,6 +36,10 @@ def pytest_configure(config):
         "markers", "needs(package): the test uses an optional package (requirements.txt's comments) and skips "
                    "without it, naming the pip command; .ci/run installs them all and runs `-m needs` after the "
                    "README's line")
+    config.addinivalue_line(
+        "markers", "extended: an end-to-end run of processes of its own (a kill and resume, two launchers, a "
+                   "benchmark's CPU path, measured memory peaks) that the README's line skips to stay within "
+                   "minutes; `--extended` runs it, as .ci/run does after the README's line")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,17 +48,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         missing = [p for mark in item.iter_markers("needs") for p in mark.args if not installed(p)]
         if missing:
-            WANTS[item.nodeid] = missing
-            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}: pip install {' '.join(missing)}"))
+            SKIPPED[item.nodeid] = f"pip install {' '.join(missing)}"
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(missing)}: {SKIPPED[item.nodeid]}"))
+        elif item.get_closest_marker("extended") and not config.getoption("--extended"):
+            SKIPPED[item.nodeid] = EXTENDED
+            item.add_marker(pytest.mark.skip(reason=f"extended: {EXTENDED} runs it, as .ci/run does"))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """`-q` lists no skip reasons: one line counts the tests skipped for want of an optional package."""
-    wanted = Counter(p for r in terminalreporter.stats.get("skipped", ()) for p in WANTS.get(r.nodeid, ()))
-    if wanted:
-        terminalreporter.write_line(f"skipped for want of an optional package: "
-                                    f"{', '.join(f'{p} ({n})' for p, n in sorted(wanted.items()))}; "
-                                    f"pip install {' '.join(sorted(wanted))} to run them (.ci/run does)")
+    """`-q` lists no skip reasons: one line counts what skipped for a package or as extended, and how to run it."""
+    counts = Counter(SKIPPED[r.nodeid] for r in terminalreporter.stats.get("skipped", ()) if r.nodeid in SKIPPED)
+    if counts:
+        terminalreporter.write_line("skipped, and run by .ci/run: " +
+                                    "; ".join(f"{n} by `{how}`" for how, n in sorted(counts.items())))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 both regimes to the end, or says a row is too short to time; bench/gpu_check.py stops with one clear
 line where there is no CUDA, runs its parts tiny on CPU (--device cpu --quick), each in a process
 of its own, and records a part past its cap as timed out and runs the next. The fast tests check
-the arithmetic those runs report on made-up inputs."""
+the arithmetic those runs report on made-up inputs. The CPU runs of the benchmarks are marked
+extended: a minute of child processes and compiles that tests bench/, not the trainer, so the
+README's line skips them and .ci/run runs them."""
 import json
 import os
 import re
@@ -73,6 +75,7 @@ def test_train_summary_tells_compiling_apart():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_decode_bound_quick_measures_both_regimes():
     out = run("bench/decode_bound.py", "--device", "cpu", "--quick")
     assert out.returncode == 0, out.stderr
@@ -121,6 +124,7 @@ def quick_check(tmp_path, skip: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_gpu_check_quick_on_cpu(tmp_path):
     # train is lora's code path twice (--engine fast, hf), and its own arithmetic is tested above;
     # lora, which needs peft, is the next test's
@@ -145,6 +149,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.needs("peft")
 def test_gpu_check_quick_lora_on_cpu(tmp_path):
     parts = quick_check(tmp_path, "train,decode,agree,rng")
@@ -154,6 +159,7 @@ def test_gpu_check_quick_lora_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_gpu_check_stops_a_part_at_its_cap_and_runs_the_next(tmp_path):
     report_path = tmp_path / "check.json"
     out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", "train,agree,lora",

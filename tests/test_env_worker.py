@@ -214,6 +214,7 @@ def test_steps_need_a_turn_and_envs_are_bounded():
 
 # ============================================================================ a broken environment, found fast
 
+@pytest.mark.slow  # waits out timeouts
 def test_a_round_of_hanging_steps_costs_about_one_timeout(env_file):
     """8 traces whose step hangs, on 2 workers, from 4 threads as environments/rollout.answers steps them:
     in a round (UserEnvironment.round) they cost one timeout, at most one step a worker timing out and
@@ -292,6 +293,7 @@ def test_what_a_step_starts_ends_with_its_worker(tmp_path):
     assert not running(child)
 
 
+@pytest.mark.slow  # waits out the start-up limit
 def test_a_file_whose_import_hangs_fails_the_start_up_check_in_one_line(tmp_path, monkeypatch):
     path = tmp_path / "stuck.py"
     path.write_text("import time\ntime.sleep(1000)\nclass Env:\n    def step(self, turn): pass\n")

@@ -66,6 +66,7 @@ def equal(a, b) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a run of its own process, killed and resumed; the damaged checkpoints below run in this one
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A run in another process holds its folder: a second launch there is refused. SIGKILL it as
     soon as a checkpoint folder after step-1 appears (.step-K.partial): step-(K-1) is the newest

@@ -15,43 +15,57 @@ OPTIONAL = ("grading", "environments", "extras")  # the folders of optional feat
 PROJECT = ("algos", *OPTIONAL)  # packages of the project, beside the root's modules
 
 
-@pytest.mark.slow
-def test_the_default_run_imports_no_optional_module(tmp_path):
-    """A default step, its eval and its checkpoint (one of each, in a fresh interpreter, as a user runs
-    train.py) load nothing from grading/, environments/ or extras/."""
-    script = ("import json, sys, train; train.main(sys.argv[1:]); "
-              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
-    done = subprocess.run([sys.executable, "-c", script, "--max-steps", "1", "--eval-every", "1",
-                           "--eval-problems", "4", "--prompts-per-step", "4", "--out", str(tmp_path / "run")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory) -> tuple[dict[str, list[str]], Path]:
+    """({phase: the optional modules loaded after it}, the folder the runs wrote in), from one fresh
+    interpreter (as a user runs train.py) that runs, in turn: a default step with its eval and its
+    checkpoint ("train"); eval.py on the built-in held-out split, sampled and graded ("eval"); the
+    rollout shapes of --env calculator's config ("flag"). One interpreter for the three, since its start
+    is seconds of imports: a phase finds nothing optional loaded before it while the phases before it
+    load none, which the tests below check in order."""
+    tmp = tmp_path_factory.mktemp("layout")
+    script = f"""import json, sys
+import config, eval, train
+from model import load_tokenizer
+seen = {{}}
+def loaded(phase):
+    seen[phase] = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})
+train.main(["--max-steps", "1", "--eval-every", "1", "--eval-problems", "4", "--prompts-per-step", "4",
+            "--out", {str(tmp / "run")!r}])
+loaded("train")
+eval.main(["--problems", "4", "-n", "2", "--k", "1", "--out", {str(tmp / "eval")!r}])
+loaded("eval")
+cfg = config.parse_config(["--env", "calculator"])
+config.rollout_shapes(cfg, load_tokenizer(cfg.model))
+loaded("flag")
+print(json.dumps(seen))"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
-    assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
+    return json.loads(done.stdout.strip().splitlines()[-1]), tmp
 
 
 @pytest.mark.slow
+def test_the_default_run_imports_no_optional_module(loaded):
+    """A default step, its eval and its checkpoint load nothing from grading/, environments/ or extras/."""
+    phases, tmp = loaded
+    assert phases["train"] == []
+    assert (tmp / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
+
+
 @pytest.mark.slow
-def test_a_plain_eval_imports_no_optional_module(tmp_path):
+def test_a_plain_eval_imports_no_optional_module(loaded):
     """eval.py on the built-in held-out split, sampled and graded, loads nothing from the folders either."""
-    script = ("import json, sys, eval; eval.main(sys.argv[1:]); "
-              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
-    done = subprocess.run([sys.executable, "-c", script, "--problems", "4", "-n", "2", "--k", "1", "--out",
-                           str(tmp_path / "eval")], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
-    assert (tmp_path / "eval" / "summary.json").is_file()
+    phases, tmp = loaded
+    assert phases["train"] == phases["eval"] == []
+    assert (tmp / "eval" / "summary.json").is_file()
 
 
-def test_a_flag_imports_its_folder(tmp_path):
-    """The check above can fail: --env calculator does import environments/ (and only what it needs)."""
-    script = ("import json, sys, config; cfg = config.parse_config(sys.argv[1:]); from model import load_tokenizer; "
-              "config.rollout_shapes(cfg, load_tokenizer(cfg.model)); "
-              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})))")
-    done = subprocess.run([sys.executable, "-c", script, "--env", "calculator"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["environments", "environments.rollout",
-                                                                "environments.tools"]
+@pytest.mark.slow
+def test_a_flag_imports_its_folder(loaded):
+    """The checks above can fail: --env calculator does import environments/ (and only what it needs)."""
+    phases, _ = loaded
+    assert phases["train"] == phases["eval"] == []
+    assert phases["flag"] == ["environments", "environments.rollout", "environments.tools"]
 
 
 def test_the_root_holds_the_core_only():

@@ -240,6 +240,7 @@ def test_a_damaged_lora_checkpoint_is_named(reference, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a run of its own process, killed and resumed (test_faults' kill, with adapters)
 @pytest.mark.needs("peft")
 def test_kill_9_while_a_checkpoint_is_written_then_resume(reference, tmp_path, capsys):
     """A LoRA run in another process is killed as soon as a checkpoint after step-1 is being

@@ -582,6 +582,7 @@ def test_a_hostile_user_environment_scores_0_counted_and_the_run_goes_on(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # two runs of 4 steps, one in a process of its own killed and resumed
 def test_kill_9_and_resume_replays_a_multi_turn_run_exactly(tmp_path):
     """examples/env_retry.py (a wrong answer is told so, and the model tries again) in a user
     environment's worker: a run SIGKILLed once step-2 is saved, then resumed, logs what an

@@ -25,6 +25,7 @@ PAPER_CONFIGS = ["qwen2.5-1.5b_gsm8k_grpo", "qwen2.5-7b_deepscaler_pacs", "qwen2
     ("qwen2", False, "hf", 0), ("qwen3", True, "hf", 0), ("qwen2", True, "fast", 0),
     pytest.param("qwen2", False, "hf", 16, marks=pytest.mark.needs("peft"))])
 @pytest.mark.slow
+@pytest.mark.extended  # seconds of measured training a case; the plan's arithmetic is checked by hand below
 def test_estimate_within_25_percent_of_measured_peak(arch, checkpointing, engine, lora, tmp_path):
     """The acceptance check: rollout and update peaks of the project's own code path on CPU
     (fp32, one rank), measured by counting live tensor storages, against the plan for the same

@@ -148,12 +148,13 @@ def test_the_first_code_block_holds_the_set_up_commands_and_the_test_command_is_
 
 
 def test_ci_then_installs_every_optional_package_a_test_needs_and_runs_those_tests():
-    """What the README's line skips (tests/conftest.py's `needs` marker) CI runs next, with the packages."""
+    """What the README's line skips (tests/conftest.py's `needs` and `extended` markers) CI runs next, with the
+    packages."""
     needed = {m for path in (ROOT / "tests").glob("*.py")
               for m in re.findall(r"mark\.needs\(\"([\w.-]+)\"\)", path.read_text())}
     assert needed, "no test is marked needs(package)"
     rest = ci_pytest_lines()[1:]
-    assert [line[line.index("python -m pytest"):] for line in rest] == ["python -m pytest -q -m needs tests"], rest
+    assert [line[line.index("python -m pytest"):] for line in rest] == ['python -m pytest -q --extended -m "needs or extended" tests'], rest
     assert needed <= installs(rest[0]), f".ci/run's second line installs none of {sorted(needed - installs(rest[0]))}"
 
 

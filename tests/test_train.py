@@ -291,24 +291,22 @@ on_two_ranks("fsdp", *FSDP)
 on_two_ranks("fsdp-resumed", *FSDP, "--resume", "{root}/fsdp/checkpoints/step-1")  # runs after "fsdp"
 
 
-def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(two_rank_runs, tmp_path):
-    """FSDP over two one-rank "nodes" equals FSDP over 2 ranks of one node; its checkpoints load
-    with from_pretrained; resumed from step 1 on 2 ranks, step 2 is replayed exactly; the train
-    state written by 2 ranks loads into 1 (resharded) and a 1-rank resume runs on."""
-    nodes = two_nodes(tmp_path / "nodes", *FSDP)
-    assert same_run(metrics_of(two_rank_runs, "fsdp"), nodes)
-    assert any(x["grad/norm"] > 0 for x in nodes)  # the shipped model learns something in 2 steps
-    step1, step2 = (tmp_path / "nodes" / "checkpoints" / f"step-{n}" for n in (1, 2))
+def fsdp_checkpoints_load_and_resume(run: Path, resumed: list[dict], tmp_path: Path) -> None:
+    """A 2-step FSDP run with a checkpoint a step: they load with from_pretrained; resumed from step 1
+    on 2 ranks (`resumed`, its rows), step 2 is replayed exactly; the train state written by 2 ranks
+    loads into 1 (resharded) and a 1-rank resume runs on."""
+    rows = metrics(run)
+    assert any(x["grad/norm"] > 0 for x in rows)  # the shipped model learns something in 2 steps
+    step1, step2 = (run / "checkpoints" / f"step-{n}" for n in (1, 2))
     lm = AutoModelForCausalLM.from_pretrained(step2)  # a plain HF checkpoint, fp32 on CPU
     saved = load_file(str(step2 / "model.safetensors"))
     assert all(torch.equal(p, saved[n]) for n, p in lm.state_dict().items() if n in saved)
 
-    resumed = metrics_of(two_rank_runs, "fsdp-resumed")  # from the 2-rank run's step 1, equal to the nodes'
-    assert [x["step"] for x in resumed] == [2] and same_run(nodes[1:], resumed)
+    assert [x["step"] for x in resumed] == [2] and same_run(rows[1:], resumed)
 
     # 2 ranks' shards -> 1 process: the exact fp32 weights and AdamW state after 2 steps (a fresh
     # AdamW that DCP initialises before loading would say step 1 and zero moments)
-    lm = load_model(str(pair.folder(two_rank_runs, "fsdp") / "checkpoints" / "step-1"))
+    lm = load_model(str(step1))
     optimizer = torch.optim.AdamW(lm.parameters())
     load_train_state(step2 / "train_state", lm, optimizer)
     assert all(torch.equal(p, saved[n]) for n, p in lm.named_parameters() if n in saved)
@@ -316,6 +314,21 @@ def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(two_
     assert any(optimizer.state[p]["exp_avg_sq"].sum() > 0 for p in lm.parameters())
     train.main([*SMALL, *FSDP, "--max-steps", "2", "--resume", str(step1), "--out", str(tmp_path / "alone")])
     assert [x["step"] for x in metrics(tmp_path / "alone")] == [2]
+
+
+def test_fsdp_saves_hf_weights_and_resumes_on_one_or_two_ranks(two_rank_runs, tmp_path):
+    fsdp_checkpoints_load_and_resume(pair.folder(two_rank_runs, "fsdp"), metrics_of(two_rank_runs, "fsdp-resumed"),
+                                     tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # two torchrun launchers of their own, meeting at a c10d rendezvous
+def test_fsdp_on_two_nodes_saves_hf_weights_and_resumes_on_one_or_two_ranks(two_rank_runs, tmp_path):
+    """FSDP over two one-rank "nodes" equals FSDP over 2 ranks of one node, and its checkpoints (each
+    node's rank is its local rank 0) load and resume as the test above has the one node's do."""
+    nodes = two_nodes(tmp_path / "nodes", *FSDP)
+    assert same_run(metrics_of(two_rank_runs, "fsdp"), nodes)
+    fsdp_checkpoints_load_and_resume(tmp_path / "nodes", metrics_of(two_rank_runs, "fsdp-resumed"), tmp_path)
 
 
 def test_random_qwen2_with_chat_template_runs_one_step(tmp_path):
