@@ -79,15 +79,16 @@ def test_a_toy_algorithm_with_a_knob_is_one_file_and_one_registry_line(tmp_path)
         assert x["update/optimizer_steps"] == 1 and math.isfinite(x["loss/total"])
         assert x["grad/norm"] > 0 or x["reward/zero_std_groups"] == 1
     assert "toy_cap: 0.3" in (tmp_path / "run" / "config.yaml").read_text()
-    # the knob is in --help, and set for an algorithm that does not read it, a named error
-    said = subprocess.run([sys.executable, "train.py", "--help"], cwd=fork, capture_output=True, text=True, timeout=120)
-    help_text = " ".join(said.stdout.split())  # argparse wraps long lines
+    # the knob is in --help, and set for an algorithm that does not read it, a named error: the two
+    # processes at once, one a core (each is seconds of imports)
+    helped, said = [subprocess.Popen([sys.executable, "train.py", *args], cwd=fork, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for args in (["--help"], ["--toy-cap", "0.3"])]
+    help_text = " ".join(helped.communicate(timeout=120)[0].split())  # argparse wraps long lines
     assert "--toy-cap" in help_text and "toy: the advantage is clipped to [−cap, cap] [toy]" in help_text
-    said = subprocess.run([sys.executable, "train.py", "--toy-cap", "0.3"], cwd=fork, capture_output=True, text=True,
-                          timeout=120)
-    assert said.returncode == 1 and said.stderr.startswith(
+    error = said.communicate(timeout=120)[1]
+    assert said.returncode == 1 and error.startswith(
         "error: toy_cap=0.3: --algo grpo does not read toy_cap; leave it at its default 0.5, or choose an "
-        "algorithm that reads it (toy)"), said.stderr[-2000:]
+        "algorithm that reads it (toy)"), error[-2000:]
 
 
 def test_toy_worked_example():

@@ -257,7 +257,9 @@ def test_python_tool_runs_the_block_in_the_sandbox():
     "while True: print('x' * 65536)",  # past the output cap
 ])
 @pytest.mark.slow
-def test_hostile_tool_code_ends_the_trace_with_reward_0_counted(program):
+def test_hostile_tool_code_ends_the_trace_with_reward_0_counted(program, monkeypatch):
+    monkeypatch.setattr(PythonTool, "box", None)  # the process's sandbox, as it was, after the test
+    PythonTool.prepare(timeout=1.0)  # the endless loop waits out 1 s, not the default 5
     tok = load_tokenizer(TINY)
     session = Session(PythonTool(Problem("p", "1")), Observations(tok, True), 32)
     assert session.answer(f"```python\n{program}\n```") is None
