@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "assets"))
 
 # Fixtures whose set-up alone is slow: every test that asks for one is marked slow (a test that is
 # not would pay for the whole set-up in the fast tier).
-SLOW_FIXTURES = {"two_rank_runs"}
+SLOW_FIXTURES = {"two_rank_runs", "spawned_ranks"}
 EXTENDED = "python -m pytest -q --extended -m extended tests"
 SKIPPED: dict[str, str] = {}  # node id -> the command that would run it here (collection fills it)
 
@@ -97,3 +97,16 @@ def two_rank_runs(random_model_dir, tmp_path_factory):
     """The folder of the session's one 2-rank torchrun launch, every registered run done (tests/pair.py)."""
     import pair
     return pair.launch(tmp_path_factory.mktemp("two-ranks"), random_model_dir)
+
+
+@pytest.fixture(scope="session")
+def spawned_ranks(random_model_dir, qwen2_dir, tmp_path_factory) -> dict:
+    """{name: rank 0's result} of every function shared with helpers.share_two_ranks, computed in the
+    session's one spawn of 2 gloo ranks."""
+    import torch
+
+    from helpers import SPAWNED, spawn_ranks, spawned_work
+    tmp = tmp_path_factory.mktemp("spawned")
+    spawn_ranks(spawned_work, tmp, SPAWNED, {"random_model": random_model_dir, "qwen2": qwen2_dir},
+                str(tmp / "rank0.pt"), timeout=600)
+    return torch.load(tmp / "rank0.pt")

@@ -1,11 +1,13 @@
 """Helpers the test files share, each defined once: random models and model folders, train.py runs
-(in this process, in the background, under torchrun), starting two ranks, the code-problem fixture.
+(in this process, in the background, under torchrun), starting two ranks (and the work of the
+session's one spawn of them), the code-problem fixture.
 
 Fixtures live in conftest.py (the random Llama folder, the random Qwen2 folder, one thread, the
-session's torchrun launch); this module holds plain functions, imported by name:
+session's torchrun launch and spawn of two ranks); this module holds plain functions, imported by name:
 `from helpers import random_lm`. transformers is imported inside the functions that build models,
 so that a test file that needs only a string helper does not pay for it.
 """
+import importlib
 import json
 import os
 import random
@@ -155,6 +157,32 @@ def join_ranks(rank: int, world: int, init_file: str, timeout: float) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout))
+
+
+# (name, module, function): what the session's one spawn of 2 ranks computes, in order (spawned_ranks)
+SPAWNED = []
+
+
+def share_two_ranks(name: str, function) -> None:
+    """Have the session's one spawn of 2 gloo ranks (conftest's `spawned_ranks`, started by the first test
+    that asks for it) compute function(rank, world, dirs); rank 0's return value is spawned_ranks[name].
+    A spawn is ~4 s of imports on 2 cores, the work of a test file's 2-rank checks seconds: the files
+    share one. `function` is a module-level function of a test file (a spawned rank imports it by name);
+    dirs: {"random_model": conftest's random Llama folder, "qwen2": its random Qwen2 folder}. Both ranks
+    run every function in turn in one gloo group, with a 120 s timeout on a collective: a function that
+    fails on one rank is an error on the other, not a hang."""
+    assert name not in {n for n, _, _ in SPAWNED}, f"{name} shared twice"
+    SPAWNED.append((name, function.__module__, function.__name__))
+
+
+def spawned_work(rank: int, world: int, init_file: str, work: list, dirs: dict, out_file: str) -> None:
+    """The spawned ranks' side of share_two_ranks: each function in turn; rank 0 saves their results."""
+    join_ranks(rank, world, init_file, timeout=120)
+    results = {name: getattr(importlib.import_module(module), function)(rank, world, dirs)
+               for name, module, function in work}
+    if rank == 0:
+        torch.save(results, out_file)
+    leave_ranks()
 
 
 def leave_ranks() -> None:

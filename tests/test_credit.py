@@ -15,7 +15,7 @@ from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import DataError, Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
-from helpers import join_ranks, leave_ranks, spawn_ranks
+from helpers import share_two_ranks
 from train import Learner, set_advantages, shaped_score, update
 
 EPS = 1e-6  # GRPO's adv_eps: each z-score below is (x − mean) / (std + EPS)
@@ -153,20 +153,18 @@ def one_update(model_dir, credit, rank=0, world=1):
     return {name: start[name] - p.detach() for name, p in lm.named_parameters()}
 
 
-def _two_ranks(rank, world, init_file, model_dir, out_file):
-    join_ranks(rank, world, init_file, timeout=120)
-    results = {credit: one_update(model_dir, credit, rank, world) for credit in HAND}
-    if rank == 0:
-        torch.save(results, out_file)
-    leave_ranks()
+def on_two_ranks(rank, world, dirs) -> dict:
+    return {credit: one_update(dirs["random_model"], credit, rank, world) for credit in HAND}
+
+
+share_two_ranks("credit", on_two_ranks)
 
 
 @pytest.mark.slow
-def test_update_takes_each_rows_advantage_on_1_and_2_ranks(random_model_dir, tmp_path):
+def test_update_takes_each_rows_advantage_on_1_and_2_ranks(random_model_dir, spawned_ranks):
     """The worked example's 11 turn rows in micro-batches of 2, on 1 rank and split over 2: the step
     is the hand-written gradient of each rule's advantages (and the rules differ)."""
-    spawn_ranks(_two_ranks, tmp_path, random_model_dir, str(tmp_path / "two.pt"))
-    two = torch.load(tmp_path / "two.pt")
+    two = spawned_ranks["credit"]
     hands = {credit: hand_gradient(random_model_dir, credit) for credit in HAND}
     for credit, hand in hands.items():
         one = one_update(random_model_dir, credit)

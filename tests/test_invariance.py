@@ -13,7 +13,7 @@ from rewards import Problem
 from rollout import Chunk, Episode
 from config import Config
 from train import Learner, pack, padded_tokens, split_minibatches, update
-from helpers import join_ranks, leave_ranks, spawn_ranks
+from helpers import share_two_ranks
 
 
 def make_episodes(seed=0, groups=3, g=4, chunked=False, turns=False):
@@ -83,20 +83,18 @@ def one_update(model_dir, cfg, rank=0, world=1):
     return {k: v.detach().clone() for k, v in lm.state_dict().items()}, metrics
 
 
-def _worker(rank, world, init_file, model_dir, cfgs, out_file):
-    """Every config's update in turn on this rank; rank 0 saves [{"params", "metrics"} or
-    {"error"}, ...]. One pair of processes for all cases: starting them is most of a case's cost."""
-    join_ranks(rank, world, init_file, timeout=120)  # a case that fails on one rank only
+def on_two_ranks(rank, world, dirs) -> list[dict]:
+    """Each case's update on this rank, with micro-batch 3: [{"params", "metrics"} or {"error"}, ...], in
+    CASES order (a case that fails on one rank only is an error on the other, after the collective
+    timeout of helpers.share_two_ranks)."""
     results = []
-    for cfg in cfgs:
+    for algo, over in CASES:
         try:
-            params, metrics = one_update(model_dir, cfg, rank, world)
+            params, metrics = one_update(dirs["random_model"], config(algo, over, micro=3), rank, world)
             results.append({"params": params, "metrics": metrics})
         except Exception as e:  # reported by that case's test; the next cases still run
             results.append({"error": f"{type(e).__name__}: {e}"})
-    if rank == 0:
-        torch.save(results, out_file)
-    leave_ranks()
+    return results
 
 
 CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rloo", {"mini_batches": 2}),
@@ -146,16 +144,16 @@ def config(algo, over, micro):
                            "overlong_penalty": False, "micro_batch_size": micro, "grad_clip": 0.0})
 
 
+share_two_ranks("invariance", on_two_ranks)
+
+
 @pytest.fixture(scope="module")
-def two_ranks(random_model_dir, tmp_path_factory):
+def two_ranks(spawned_ranks):
     """Each case's update on 2 ranks with micro-batch 3, in CASES order. Each rank holds 6 of the
     12 rows, in 2 micro-batches (PACS: whole groups of 4, so rank 0 gets 2 groups and rank 1 one
     group plus an empty micro-batch that must still join DDP's all-reduce; PSR/NSR: the kept
     rows, rebalanced)."""
-    tmp = tmp_path_factory.mktemp("two-ranks")
-    spawn_ranks(_worker, tmp, random_model_dir, [config(algo, over, micro=3) for algo, over in CASES],
-                str(tmp / "out.pt"))
-    return torch.load(tmp / "out.pt")
+    return spawned_ranks["invariance"]
 
 
 # A metric is an fp32 sum over the mini-batch's tokens or the model's parameters, taken in another

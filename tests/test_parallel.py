@@ -2,10 +2,11 @@
 really hold on the training path; FSDP rollouts generate from the full weights and leave the
 sharded parameters in place.
 
-Every 2-rank check runs in ONE spawn of two gloo processes (`two_ranks`): starting a rank costs
-seconds of imports on a 2-core machine, the checks themselves a fraction of that. The LoRA checks
-(peft is optional) run in a second spawn (`two_ranks_lora`), so that the first runs without peft.
+Every 2-rank check runs in the session's one spawn of two gloo processes (helpers.share_two_ranks):
+starting a rank costs seconds of imports on a 2-core machine, the checks themselves a fraction of
+that. The LoRA checks (peft is optional) are shared only where peft is installed.
 """
+import importlib.util
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate
 from test_invariance import METRIC_ABS, METRIC_REL, config, make_episodes, one_update, policy
 from train import Learner, update
-from helpers import join_ranks, leave_ranks, qwen2, save_random, spawn_ranks
+from helpers import qwen2, save_random, share_two_ranks
 
 CPU = torch.device("cpu")
 
@@ -164,9 +165,9 @@ def every_mode(model_dir, cfg, rank, world) -> dict:
     return got
 
 
-def _worker(rank, world, init_file, model_dir, lora, out_file):
-    """The checks without LoRA on model_dir (the random Llama), or (lora) those with it on the random Qwen2."""
-    join_ranks(rank, world, init_file, timeout=60)
+def on_two_ranks(rank, world, dirs, lora=False) -> dict:
+    """The checks without LoRA on the random Llama, or (lora) those with it on the random Qwen2."""
+    model_dir = dirs["qwen2" if lora else "random_model"]
     if lora:
         result = {"lora": [every_mode(model_dir, config(algo, over, micro=3), rank, world) for algo, over in LORA_CASES]}
     else:
@@ -181,26 +182,26 @@ def _worker(rank, world, init_file, model_dir, lora, out_file):
         got.update(copy=eng._twin is not None, moves=eng.moves)
         result[f"compiled {mode}{' lora' * lora}"] = [None] * world
         dist.all_gather_object(result[f"compiled {mode}{' lora' * lora}"], got)
-    if rank == 0:
-        torch.save(result, out_file)
-    leave_ranks()
+    return result
 
 
-def spawned(tmp_path_factory, model_dir: str, lora: bool) -> dict:
-    tmp = tmp_path_factory.mktemp("two-ranks")
-    spawn_ranks(_worker, tmp, model_dir, lora, str(tmp / "rank0.pt"))
-    return torch.load(tmp / "rank0.pt")
+def lora_on_two_ranks(rank, world, dirs) -> dict:
+    return on_two_ranks(rank, world, dirs, lora=True)
 
 
-@pytest.fixture(scope="module")
-def two_ranks(random_model_dir, tmp_path_factory):
-    return spawned(tmp_path_factory, random_model_dir, lora=False)
+share_two_ranks("parallel", on_two_ranks)
+if importlib.util.find_spec("peft"):  # optional: without it the LoRA tests skip (needs), and nothing is computed
+    share_two_ranks("parallel lora", lora_on_two_ranks)
 
 
 @pytest.fixture(scope="module")
-def two_ranks_lora(qwen2_dir, tmp_path_factory):
-    """The LoRA checks, in a spawn of their own: they need peft, which is optional."""
-    return spawned(tmp_path_factory, qwen2_dir, lora=True)
+def two_ranks(spawned_ranks):
+    return spawned_ranks["parallel"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks_lora(spawned_ranks):
+    return spawned_ranks["parallel lora"]
 
 
 # ============================================================================ 1. same update
