@@ -75,9 +75,10 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | auto: fast on CPU (measured faster), hf on CUDA (the engine's training steps not yet measured there)
+    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | vllm (extras/vllm_engine.py: vLLM in every rank, pip install vllm) | auto: fast on CPU (measured faster), hf on CUDA (the engine's training steps not yet measured there)
     engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
     engine_release: bool = False  # give the engine's KV slab back to the allocator after each call, for the update (on CUDA its graphs are then recorded anew every call); else it is kept all run
+    vllm_memory: float = 0.0  # --engine vllm's share, taken when it starts: on CUDA a fraction of GPU memory (0: 0.3), on a CPU GiB of KV cache (0: 0.25)
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then the schedule
@@ -311,7 +312,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
-    "engine": dict(choices=("auto", "fast", "hf")), "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
+    "engine": dict(choices=("auto", "fast", "hf", "vllm")), "vllm_memory": dict(at_least=0), "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
     "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
@@ -357,8 +358,9 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
          "lora_targets and lora_save_merged apply to LoRA adapters: give --lora-rank r (e.g. 32), or drop them"),
         (all(name in TRACKERS for name in trackers(cfg)),
          f"report_to={cfg.report_to!r}: name trackers among {', '.join(TRACKERS)}, comma-separated, or none"),
-        (cfg.engine != "hf" or cfg.engine_compile == "auto",
-         f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine hf generates with HF generate: "
+        (cfg.engine == "vllm" or not cfg.vllm_memory, "vllm_memory applies to --engine vllm: give it, or drop --vllm-memory"),
+        (cfg.engine not in ("hf", "vllm") or cfg.engine_compile == "auto",
+         f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine {cfg.engine} does not use it: "
          f"give --engine fast, or drop --engine-compile"),
     ]
 
@@ -586,15 +588,15 @@ def learning_rate(cfg: RunConfig) -> float:
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
-def eval_settings(cfg: RunConfig, shape) -> dict:
+def eval_settings(cfg: RunConfig, shape, backend=None) -> dict:
     """evaluate()'s keyword arguments from the eval fields and the eval's rollout shape (rollout_shapes):
     train.py's periodic eval and a stand-alone `eval.py --config` run take them from here, so their
-    numbers agree."""
+    numbers agree. backend: who samples in place of generate and the engine (train.py's --engine vllm)."""
     from rollout import Sampling
 
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
-                                  cfg.engine, cfg.engine_compile),
+                                  cfg.engine, cfg.engine_compile, backend=backend),
                 shape=shape, chat_template=cfg.chat_template, answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 

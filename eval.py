@@ -304,6 +304,9 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
+        if cfg.engine == "vllm":
+            raise ValueError("--engine vllm samples train.py's rollouts and evals; eval.py samples with --engine hf "
+                             "or fast: add --engine hf")
         task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
         _, shape = rollout_shapes(cfg, tokenizer)  # the held-out eval's

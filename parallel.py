@@ -67,6 +67,7 @@ def parallel_mode(cfg, device) -> str:
 # A process group that was initialised before train.main or eval.main ran (a notebook, a test
 # harness running several runs in one launch) is used as it is and outlives the run.
 _OWNED = []
+_CLOSERS = []  # what teardown closes after the last collective (at_teardown)
 
 
 def setup_distributed(cfg):
@@ -97,12 +98,19 @@ def setup_distributed(cfg):
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def at_teardown(close) -> None:
+    """Have teardown call close() after the run's last collective, before the group goes."""
+    _CLOSERS.append(close)
+
+
 def teardown() -> None:
     if dist.is_initialized():
         dist.barrier()  # no rank tears the group down while another still uses it
-        if _OWNED:
-            _OWNED.clear()
-            dist.destroy_process_group()
+    while _CLOSERS:  # after the last collective: vLLM's shutdown destroys the default group
+        _CLOSERS.pop()()
+    if dist.is_initialized() and _OWNED:
+        _OWNED.clear()
+        dist.destroy_process_group()
 
 
 def decoder_layers(lm) -> list:
@@ -177,25 +185,36 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def full_state_dict(lm, dtype: torch.dtype, lora_scale: float = 0.0) -> dict:
     """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
-    Gathered one tensor at a time, so rank 0 never holds more than one full copy; a tied weight
-    (embeddings = LM head) is kept once, under its first name, as save_pretrained does.
-    With LoRA layers in lm (extras/lora.py), lora_scale = α/r: each adapted weight is merged on the side,
-    W + scale·B@A, under the base model's name (peft's <layer>.base_layer.weight ->
-    <layer>.weight); the adapters themselves are left out and the live weights are not touched."""
+    Gathered one tensor at a time (hf_weights), so rank 0 never holds more than one full copy."""
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    state = lm.state_dict(keep_vars=True)
-    out, seen = {}, set()
+    out = {}
+    for name, whole_of in hf_weights(lm.state_dict(keep_vars=True), lora_scale):
+        full = whole_of()  # every rank: a gather
+        if rank0:
+            out[name] = full.detach().to("cpu", dtype).contiguous()
+    return out
+
+
+def hf_weights(state: dict, lora_scale: float = 0.0) -> list:
+    """[(HF name, a function that returns the full tensor)] of a state_dict(keep_vars=True), in its
+    order; calling one gathers a sharded weight (every rank calls, in the same order). A tied weight
+    (embeddings = LM head) comes once, under its first name, as save_pretrained keeps it. With LoRA
+    layers (extras/lora.py), lora_scale = α/r: each adapted weight is merged on the side, W + scale·B@A
+    in float64, under the base model's name (peft's <layer>.base_layer.weight -> <layer>.weight); the
+    adapters themselves are left out and the live weights are not touched."""
+    def merged(name: str, t: torch.Tensor):
+        stem = name.removesuffix(".base_layer.weight")
+        if not lora_scale or stem == name:
+            return lambda: full_tensor(t)
+        a, b = (state[f"{stem}.lora_{x}.default.weight"] for x in "AB")
+        return lambda: full_tensor(t).double() + lora_scale * (full_tensor(b).double() @ full_tensor(a).double())
+
+    out, seen = [], set()
     for name, t in state.items():
         if id(t) in seen or (lora_scale and ".lora_" in name):
             continue
         seen.add(id(t))
-        full = full_tensor(t)
-        stem = name.removesuffix(".base_layer.weight")
-        if lora_scale and stem != name:
-            a, b = (full_tensor(state[f"{stem}.lora_{x}.default.weight"]).double() for x in "AB")
-            full = full.double() + lora_scale * (b @ a)  # float64: rounded once, to `dtype`
-        if rank0:
-            out[name.replace(".base_layer.", ".")] = full.detach().to("cpu", dtype).contiguous()
+        out.append((name.replace(".base_layer.", "."), merged(name, t)))
     return out
 
 

@@ -67,13 +67,15 @@ from tasks import detail_means
 
 # ============================================================================ rollout
 
-def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config, rank: int, world: int, shape):
+def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config, rank: int, world: int, shape,
+                     backend=None):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats).
-    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment)."""
+    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment);
+    backend: who samples in place of generate and the engine (--engine vllm), or None."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
-                        cfg.engine_compile)
+                        cfg.engine_compile, backend=backend)
     kept, generated, rounds, dropped = [], [], 0, 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
@@ -534,6 +536,10 @@ def preflight(cfg: Config) -> Setup:
     require_trackers(cfg)  # each tracker --report-to names is installed, or its pip command before any load
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
+    if cfg.engine == "vllm":  # installed, and able to run the model here
+        from extras.vllm_engine import check
+
+        check(cfg, hf_config)
     if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
         from extras.lora import check_targets
 
@@ -647,9 +653,14 @@ def train(cfg: Config, setup: Setup) -> None:
     def run_eval():
         from eval import evaluate  # a run with --eval-every 0 never loads the eval script
         with full_weights(learner.scorer), learner.autocast():
-            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape))[0]
+            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))[0]
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
+    backend = None
+    if cfg.engine == "vllm":
+        from extras.vllm_engine import start
+
+        backend = start(cfg, lm, learner.optimizer, world, compute_dtype(cfg, device))
     engine_start = counters()  # what engines did before this run (another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
@@ -665,9 +676,9 @@ def train(cfg: Config, setup: Setup) -> None:
         t0 = time.perf_counter()
         with full_weights(learner.scorer), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
-                lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape)
+                lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape, backend)
         setup.shape.check(generated)  # an environment failing every trace stops the run here
-        metrics.update(peak_memory(device, "rollout"))
+        metrics.update(peak_memory(device, "rollout"), **(backend.metrics() if backend else {}))
         t1 = time.perf_counter()
         if episodes:
             metrics.update(update(learner, episodes))

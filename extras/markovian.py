@@ -63,7 +63,9 @@ def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunk
     going = [i for i, chunks in enumerate(traces)  # I = 1: the plain rollout, nothing more
              if chunking.max_chunks > 1 and not ends(chunks[-1].response_ids, stops)]
     width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
-    if going and tail:  # (with no tail, the prompt is all prefix, and generate needs a token to read)
+    # (with no tail, the prompt is all prefix, and generate needs a token to read; a backend keeps its own cache)
+    cached = bool(going and tail and sampling.backend is None)
+    if cached:
         with inference(lm):
             prefix = prefill(forward_model(lm, sampling), [queries[i] + traces[i][0].response_ids[:h] for i in going],
                              tokenizer.pad_token_id, width, sampling.prefill_chunk)
@@ -75,7 +77,7 @@ def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunk
         # A trace still going has written ≥ C > m tokens, so its head and tail never overlap.
         tokens = {i: written(traces[i]) for i in going}
         prompts = [queries[i] + tokens[i][:h] + tokens[i][len(tokens[i]) - tail:] for i in going]
-        cache = cache_rows(prefix, [row[i] for i in going]) if tail else None
+        cache = cache_rows(prefix, [row[i] for i in going]) if cached else None
         new_tokens = rollout.sample(lm, tokenizer, prompts, more, width=width + tail, cache=cache)
         for i, prompt, (new, logp) in zip(going, prompts, new_tokens):
             traces[i].append(Chunk(prompt, new, logp))
