@@ -67,12 +67,10 @@ from tasks import detail_means
 
 # ============================================================================ rollout
 
-def collect_rollouts(lm, tokenizer, task, stream, data_pos: int, cfg: Config, rank: int, world: int, shape,
-                     backend=None):
+def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: int, world: int, shape, backend=None):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats).
-    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment);
-    backend: who samples in place of generate and the engine (--engine vllm), or None."""
+    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment)."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
                         cfg.engine_compile, backend=backend)
@@ -536,15 +534,8 @@ def preflight(cfg: Config) -> Setup:
     require_trackers(cfg)  # each tracker --report-to names is installed, or its pip command before any load
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-    if cfg.engine == "vllm":  # installed, and able to run the model here
-        from extras.vllm_engine import check
-
-        check(cfg, hf_config)
-    if cfg.lora_rank:  # peft installed, --lora-targets names the model's layers
-        from extras.lora import check_targets
-
-        require_peft("--lora-rank")
-        check_targets(hf_config, cfg.lora_targets)
+    require_lora(cfg, hf_config)  # with --lora-rank: peft installed, --lora-targets names the model's layers
+    require_vllm(cfg, hf_config)  # with --engine vllm: installed, and able to run the model here
     shape, eval_shape = rollout_shapes(cfg, tokenizer)
     check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, shape.tools)
     out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
@@ -626,6 +617,32 @@ def learner_for(cfg: Config, start: Path | None, tokenizer, train_problems, rank
                    pad_id=tokenizer.pad_token_id, rank=rank, world=world, device=device), adapters
 
 
+def require_lora(cfg: Config, hf_config) -> None:
+    """--lora-rank: peft installed and --lora-targets naming layers of the model (extras/lora.py), else an error."""
+    if cfg.lora_rank:
+        from extras.lora import check_targets
+
+        require_peft("--lora-rank")
+        check_targets(hf_config, cfg.lora_targets)
+
+
+def require_vllm(cfg: Config, hf_config) -> None:
+    """--engine vllm: vllm installed and able to run the model here (extras/vllm_engine.py), else a ValueError."""
+    if cfg.engine == "vllm":
+        from extras.vllm_engine import check
+
+        check(cfg, hf_config)
+
+
+def start_vllm(cfg: Config, learner: Learner, world: int, device):
+    """--engine vllm: this rank's vLLM, which rollout.sample hands the rows (Sampling.backend); else None."""
+    if cfg.engine != "vllm":
+        return None
+    from extras.vllm_engine import start
+
+    return start(cfg, learner.lm, learner.optimizer, world, compute_dtype(cfg, device))
+
+
 def mixed_seed(seed: int, a: int, b: int) -> int:
     """One seed from the run's seed and two counters, (step, rank) or (group, epoch): a resumed run
     replays the same draws without saving RNG states."""
@@ -656,11 +673,7 @@ def train(cfg: Config, setup: Setup) -> None:
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))[0]
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
-    backend = None
-    if cfg.engine == "vllm":
-        from extras.vllm_engine import start
-
-        backend = start(cfg, lm, learner.optimizer, world, compute_dtype(cfg, device))
+    backend = start_vllm(cfg, learner, world, device)  # who samples in place of generate and the engine, or None
     engine_start = counters()  # what engines did before this run (another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
@@ -668,8 +681,7 @@ def train(cfg: Config, setup: Setup) -> None:
         log("step 0 " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
 
     peak_memory(device, "set-up")  # the first rollout's peak starts here
-    bar = tqdm(range(step + 1, cfg.max_steps + 1), disable=rank != 0, desc=cfg.algo, initial=step,
-               total=cfg.max_steps)
+    bar = tqdm(range(step + 1, cfg.max_steps + 1), disable=rank != 0, desc=cfg.algo, initial=step, total=cfg.max_steps)
     for step in bar:
         torch.manual_seed(mixed_seed(cfg.seed, step, rank))  # every random draw of a step
         random.seed(mixed_seed(cfg.seed, step, rank))

@@ -120,7 +120,7 @@ class Target:
     world: int  # ranks
     mode: str  # fsdp | ddp
     bytes: int  # compute dtype: 2 (bf16) or 4 (fp32)
-    engine: str  # who generates: fast (engine.py) | hf (generate); --engine auto resolved (rollout.engine_for)
+    engine: str  # who generates: fast (engine.py) | hf (generate) | vllm; --engine auto resolved (rollout.engine_for)
 
     @property
     def weight_bytes(self) -> int:
@@ -256,6 +256,9 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
     weights = gathered_rows(cfg, s, t, generating=True)
+    if t.engine == "vllm":  # vLLM generates in its own share (vllm_rows); the trainer gathers and pushes weights
+        return [Phase(f"{label}: weights pushed to vLLM", weights + [
+            (f"a pushed tensor (the embeddings), {_dtype(t.bytes)}", s.vocab * s.hidden * t.bytes)], label)]
     if t.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
         # a group's prompt is prefilled once; a later round or turn prefills every row
         prefilled = seqs // cfg.group_size if chunks == 1 and not cfg.env else seqs
@@ -271,6 +274,18 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
                        seqs * context * 2 * s.heads * s.head_dim * t.kv_bytes))
     return [Phase(f"{label}: prefill", weights + prefill_rows(cfg, s, t, seqs, chunks), label),
             Phase(f"{label}: last decode step", weights + decode, label)]
+
+
+def vllm_rows(cfg, s: Shape, t: Target) -> list:
+    """vLLM's share (extras/vllm_engine.py): on CUDA the fraction --vllm-memory (0: 0.3) of the GPU's
+    memory, which vLLM fills with its weights, activations and KV cache; on a CPU its weights in the
+    compute dtype and --vllm-memory GiB (0: 0.25) of KV cache."""
+    if t.device == "cuda":
+        fraction = cfg.vllm_memory or 0.3
+        return [(f"vLLM: {fraction:g} of the GPU's {cfg.gpu_memory:g} GiB (weights, KV cache)",
+                 fraction * cfg.gpu_memory * GiB)]
+    return [(f"vLLM: its weights, {_dtype(t.bytes)}", s.params * t.bytes),
+            ("vLLM: KV cache", (cfg.vllm_memory or 0.25) * GiB)]
 
 
 def engine_step_rows(s: Shape, t: Target, seqs: int, sampling: tuple) -> list:
@@ -419,6 +434,9 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
         phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
                                                                               shape.params * 4)], "load"))
     phases += update_phases(cfg, shape, t)
+    if t.engine == "vllm":  # taken when vLLM starts, after the model loads, and held all run
+        share = vllm_rows(cfg, shape, t)
+        phases = [ph if ph.group == "load" else Phase(ph.name, ph.rows + share, ph.group) for ph in phases]
     if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it (rollout.reserve)
         slab, kept = engine_rows(cfg, shape, t, max(rollout, held_out), (cfg.temperature, cfg.top_p, cfg.top_k))
         generating = ("rollout", "eval") if cfg.engine_release else ("rollout", "eval", "update")

@@ -72,7 +72,8 @@ def check(cfg, hf_config) -> None:
     if reason:
         raise ValueError(f"--engine vllm: {reason}")
     if cuda and cfg.vllm_memory >= 1:
-        raise ValueError(f"vllm_memory={cfg.vllm_memory}: on CUDA it is a fraction of the GPU's memory; give one below 1")
+        raise ValueError(f"vllm_memory={cfg.vllm_memory}: on CUDA it is a fraction of the GPU's memory; "
+                         f"give one below 1 (e.g. 0.3)")
 
 
 def start(cfg, lm, optimizer, world: int, dtype: torch.dtype) -> "VLLM":
@@ -119,8 +120,9 @@ class VLLM:
         self.lm, self.dtype, self.stale, self.push_seconds = lm, dtype, True, 0.0
         self.lora_scale = cfg.lora_alpha / cfg.lora_rank if cfg.lora_rank else 0.0
         if dist.get_rank() == 0 and (cfg.top_p < 1 or cfg.top_k):
-            print(f"warning: --engine vllm with top_p {cfg.top_p}, top_k {cfg.top_k}: vLLM's log-probs are renormalised "
-                  f"over the kept tokens, so mismatch/* and --tis-cap/--mis-cap read a biased ratio", file=sys.stderr)
+            print(f"warning: --engine vllm with top_p {cfg.top_p}, top_k {cfg.top_k}: vLLM's log-probs are "
+                  f"renormalised over the kept tokens, so mismatch/* and --tis-cap/--mis-cap read a biased ratio",
+                  file=sys.stderr)
         self.llm = LLM(model=str(cfg.model), dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                        trust_remote_code=cfg.trust_remote_code, distributed_executor_backend="external_launcher",
                        tensor_parallel_size=1, max_model_len=columns, max_num_seqs=max(1, rows),
@@ -215,7 +217,8 @@ def widen(source: Path, target: Path, head_dim: int = 32) -> None:
         raise ValueError(f"widen: rope_type {rope['rope_type']!r}; only the default rotary keeps its frequencies")
     index = torch.cat([torch.arange(old // 2), head_dim // 2 + torch.arange(old // 2)])  # old dim -> new dim
 
-    def heads(weight: torch.Tensor, count: int, scale: float = 1.0) -> torch.Tensor:  # [count·old, in] -> [count·new, in]
+    def heads(weight: torch.Tensor, count: int, scale: float = 1.0) -> torch.Tensor:
+        """[count·old, n] -> [count·new, n]: each head's rows moved to their new dimensions, zeros between."""
         wide = weight.new_zeros(count, head_dim, weight.shape[-1])
         wide[:, index] = weight.view(count, old, -1) * scale
         return wide.reshape(count * head_dim, -1)
