@@ -5,7 +5,7 @@ records the trainer's log-probs, whether its CUDA graphs draw fresh random numbe
 and what a LoRA run costs against the memory plan. The parts, most valuable first:
 
     python bench/gpu_check.py                         # every part, within 465 s (PARTS): fits `timeout 480`
-    python bench/gpu_check.py --skip rng,lora         # parts: train, decode, agree, rng, lora
+    python bench/gpu_check.py --skip rng,lora         # parts: train, decode, agree, rng, lora, vllm
     python bench/gpu_check.py --caps decode=300       # a part's cap in seconds, for a slower GPU
     python bench/gpu_check.py --device cpu --quick    # every part tiny on CPU: the test suite's smoke run
 
@@ -41,6 +41,9 @@ download), bf16 on the GPU. Without CUDA it stops at once, saying so, with statu
   p). A replay that reused its random numbers would repeat every time.
 - lora: train's 3 steps with README's one-GPU LoRA flags (--lora-rank 32 --rollout-batch-size 256)
   and --engine fast: the same figures, the adapters merged into the engine's copy.
+- vllm: train's 3 steps with --engine vllm (extras/vllm_engine.py): the same figures, the weight
+  push's seconds, its step time over the train part's fast and hf. Where vllm is not importable it
+  says so in a line and takes no time; where it is, it needs 150 s more than PARTS' 465.
 
 Each part runs in a process of its own (`--part NAME`) under a cap: part i must end by the sum of
 the caps of parts 1..i, so that a part that ends early leaves its seconds to the next, and one that
@@ -116,6 +119,7 @@ def summary(steps: list[dict], plan: dict) -> dict:
     peak = {p: max((r[f"memory/{p}_peak_gib"] for r in steps if f"memory/{p}_peak_gib" in r), default=None)
             for p in ("rollout", "update")}
     return dict(step_s=step_s, compile_s=compile_s, steady_s=statistics.mean(less[1:] or less),
+                push_s=[r.get("time/weight_push") for r in steps],
                 compiles=[r.get("engine/compiles") for r in steps], moves=[r.get("engine/moves") for r in steps],
                 rollout_share=[r["time/rollout"] / r["time/step"] for r in steps], peak_gib=peak, plan_gib=plan)
 
@@ -143,6 +147,22 @@ def train(device, quick: bool, out: Path, keep):
     lines.append(("fast / hf: step s less compiling, mean of steps 2-3",
                   f"{data['fast']['steady_s']:.1f} / {data['hf']['steady_s']:.1f} = {data['fast_over_hf']:.2f}"))
     return data, lines
+
+
+def vllm(device, quick: bool, out: Path, keep):
+    """train's 3 steps with --engine vllm, against the train part's engines; skipped, saying so, without vllm."""
+    import importlib.util
+    if importlib.util.find_spec("vllm") is None:
+        return dict(skipped=True), [("skipped", "vllm is not importable here (pip install vllm)")]
+    data, lines = train_run("vllm", ["--engine", "vllm"], quick, out)
+    lines.append(("vllm: weight push s, each step", ", ".join(f"{t:.2f}" for t in data["push_s"])))
+    earlier = json.loads(out.read_text())["parts"].get("train", {}) if out.is_file() else {}
+    for name in ("fast", "hf"):
+        if "steady_s" in earlier.get(name, {}):
+            lines.append((f"vllm / {name}: step s less compiling, mean of steps 2-3",
+                          f"{data['steady_s']:.1f} / {earlier[name]['steady_s']:.1f} = "
+                          f"{data['steady_s'] / earlier[name]['steady_s']:.2f}"))
+    return dict(vllm=data), lines
 
 
 def lora(device, quick: bool, out: Path, keep):
@@ -349,6 +369,7 @@ PARTS = {
     "agree": (agree, 45),  # start 10, 2 compiles of 4 layers 30, 4 × 64 greedy steps
     "rng": (rng, 20),  # start 10, a 2-layer compile, 2 × 64 steps
     "lora": (lora, 50),  # start 15, a compile 25, 3 steps of 64 rows, a small save
+    "vllm": (vllm, 150),  # where vllm is installed (else a line, at once): start 15, vLLM's start 60, 3 steps, save 20
 }
 
 

@@ -5,6 +5,7 @@ of its own, and records a part past its cap as timed out and runs the next. The 
 the arithmetic those runs report on made-up inputs. The CPU runs of the benchmarks are marked
 extended: a minute of child processes and compiles that tests bench/, not the trainer, so the
 README's line skips them and .ci/run runs them."""
+import importlib.util
 import json
 import os
 import re
@@ -128,8 +129,8 @@ def quick_check(tmp_path, skip: str) -> dict:
 def test_gpu_check_quick_on_cpu(tmp_path):
     # train is lora's code path twice (--engine fast, hf), and its own arithmetic is tested above;
     # lora, which needs peft, is the next test's
-    parts = quick_check(tmp_path, "train,lora")
-    assert list(parts) == ["decode", "agree", "rng"]  # by value: train, decode, agree, rng, lora
+    parts = quick_check(tmp_path, "train,lora,vllm")
+    assert list(parts) == ["decode", "agree", "rng"]  # by value: train, decode, agree, rng, lora, vllm
     decode = parts["decode"]
     assert [(r["regime"], r["batch"]) for r in decode["rows"]] == [
         (regime, b) for regime in ("bound", "training") for b in (4, 8) for _ in "ef"]
@@ -152,7 +153,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 @pytest.mark.extended
 @pytest.mark.needs("peft")
 def test_gpu_check_quick_lora_on_cpu(tmp_path):
-    parts = quick_check(tmp_path, "train,decode,agree,rng")
+    parts = quick_check(tmp_path, "train,decode,agree,rng,vllm")
     assert list(parts) == ["lora"]
     lora = parts["lora"]["lora"]
     assert len(lora["step_s"]) == len(lora["compile_s"]) == 3 and lora["plan_gib"]["update"] > 0
@@ -160,9 +161,17 @@ def test_gpu_check_quick_lora_on_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.extended
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed: the part would run")
+def test_gpu_check_vllm_part_says_in_a_line_that_vllm_is_missing(tmp_path):
+    parts = quick_check(tmp_path, "train,decode,agree,rng,lora")
+    assert list(parts) == ["vllm"] and parts["vllm"]["skipped"] and parts["vllm"]["seconds"] < 60
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 def test_gpu_check_stops_a_part_at_its_cap_and_runs_the_next(tmp_path):
     report_path = tmp_path / "check.json"
-    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", "train,agree,lora",
+    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", "train,agree,lora,vllm",
               "--caps", "decode=1,rng=300", "--out", str(report_path))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     parts = json.loads(report_path.read_text())["parts"]
