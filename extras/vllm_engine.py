@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from parallel import at_teardown, hf_weights
 from rollout import call_rows, cut_at_stop, prompt_tokens, stop_ids, stop_strings
@@ -148,8 +149,11 @@ class VLLM:
     def pull(self) -> None:
         """Push the trainer's current weights if an optimizer step has changed them (every rank calls: a gather)."""
         if self.stale:
-            weights = hf_weights(self.lm.state_dict(keep_vars=True), self.lora_scale)
+            # parameters, not state_dict(): inside parallel.full_weights (rollouts, evals) FSDP2's are whole
+            weights = hf_weights(dict(self.lm.named_parameters()), self.lora_scale)
             tensors = (whole_of().detach().to(self.dtype) for _, whole_of in weights)
+            if any(isinstance(p, DTensor) for p in self.lm.parameters()):
+                tensors = list(tensors)  # a gather is a collective: none may run inside vLLM's, which has its own
             self.push_seconds += self.push([name for name, _ in weights], tensors)
             self.stale = False
 
