@@ -185,14 +185,11 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def full_state_dict(lm, dtype: torch.dtype, lora_scale: float = 0.0) -> dict:
     """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
-    Gathered one tensor at a time (hf_weights), so rank 0 never holds more than one full copy."""
+    Gathered one tensor at a time (hf_weights: every rank gathers each), so rank 0 never holds more
+    than one full copy."""
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    out = {}
-    for name, whole_of in hf_weights(lm.state_dict(keep_vars=True), lora_scale):
-        full = whole_of()  # every rank: a gather
-        if rank0:
-            out[name] = full.detach().to("cpu", dtype).contiguous()
-    return out
+    weights = ((name, whole_of()) for name, whole_of in hf_weights(lm.state_dict(keep_vars=True), lora_scale))
+    return {name: full.detach().to("cpu", dtype).contiguous() for name, full in weights if rank0}
 
 
 def hf_weights(state: dict, lora_scale: float = 0.0) -> list:

@@ -635,9 +635,7 @@ def require_vllm(cfg: Config, hf_config) -> None:
 
 
 def start_vllm(cfg: Config, learner: Learner, world: int, device):
-    """--engine vllm: this rank's vLLM, which rollout.sample hands the rows (Sampling.backend); else None."""
-    if cfg.engine != "vllm":
-        return None
+    """--engine vllm: this rank's vLLM (extras/vllm_engine.py), handed the rows by rollout.sample (Sampling.backend)."""
     from extras.vllm_engine import start
 
     return start(cfg, learner.lm, learner.optimizer, world, compute_dtype(cfg, device))
@@ -673,7 +671,7 @@ def train(cfg: Config, setup: Setup) -> None:
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))[0]
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
-    backend = start_vllm(cfg, learner, world, device)  # who samples in place of generate and the engine, or None
+    backend = start_vllm(cfg, learner, world, device) if cfg.engine == "vllm" else None  # samples instead of both
     engine_start = counters()  # what engines did before this run (another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
