@@ -33,6 +33,7 @@ the run's last collective.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -132,6 +133,9 @@ class VLLM:
                        # on a CPU a seeded request whose prefill is split over steps fails (vLLM rewinds its
                        # generator's offset, which CPU generators lack): prefills go whole there
                        enable_chunked_prefill=cuda, compilation_config=None if cuda else 0, **memory)
+        # (after LLM(), which configures vLLM's loggers anew) each push would warn "Failed to load weights" for
+        # the layers with no weight of their own (rotary, a tied LM head): misleading, a push is whole
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def push(self, names: list[str], tensors) -> float:
         """Load these weights (HF names; `tensors` yields them in that order) into vLLM's model. -> seconds."""
