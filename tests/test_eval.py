@@ -121,6 +121,8 @@ def test_cli_errors_name_the_problem(tmp_path):
         evaluation.main(["--out", str(tmp_path / "file" / "ev")])
     with pytest.raises(SystemExit, match="--model .*nope: no such folder"):
         evaluation.main(["--model", str(tmp_path / "nope")])
+    with pytest.raises(SystemExit, match="--engine vllm samples train.py's rollouts .* add --engine hf"):
+        evaluation.main(["--engine", "vllm"])  # a run's config.yaml may say so: eval.py says what to add
 
 
 BENCHMARK = ["--data", str(ROOT / "tests" / "fixtures" / "math500.jsonl"), "-n", "3", "--k", "1,3",
