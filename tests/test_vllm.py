@@ -316,3 +316,33 @@ def test_train_runs_with_vllm_and_ends_cleanly(wide, tmp_path, ranks):
     assert [row["step"] for row in steps] == [1, 2] and "eval/accuracy" in steps[-1]
     assert all(row["time/weight_push"] > 0 for row in steps)
     assert all(row["mismatch/max_abs"] < 1e-3 for row in steps), [row["mismatch/max_abs"] for row in steps]
+
+
+@pytest.mark.needs("vllm")
+@pytest.mark.slow
+def test_a_qwen2_model_trained_hard_stays_in_step(tmp_path):
+    """A real architecture beside the widened Llama: a random Qwen2 (q/k/v biases, grouped-query attention,
+    a tied head) trained at lr 1e-2. Its rewards are all 0, so --algo nsr, whose loss pushes down every
+    wrong response, is what gives it a gradient (GRPO's would be 0). After each push vLLM's sampler
+    log-probs are still the trainer's: with the biases left out of the push the second step's gap was 4e-3."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(str(SHIPPED))
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                                      pad_token_id=tok.pad_token_id, bos_token_id=None))
+    assert lm.model.layers[0].self_attn.q_proj.bias is not None
+    lm.save_pretrained(tmp_path / "qwen2")
+    tok.save_pretrained(tmp_path / "qwen2")
+    out = tmp_path / "run"
+    flags = ["train.py", "--algo", "nsr", "--engine", "vllm", "--model", str(tmp_path / "qwen2"), "--max-steps", "3",
+             "--lr", "1e-2", "--eval-every", "0", "--report-to", "none", "--prompts-per-step", "4", "--group-size", "4",
+             "--max-new-tokens", "24", "--out", str(out)]
+    r = subprocess.run([sys.executable, *flags], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = metrics(out)
+    assert [row["step"] for row in steps] == [1, 2, 3] and all(row["time/weight_push"] > 0 for row in steps)
+    assert all(row["grad/norm"] > 0.1 for row in steps)  # the weights do move
+    assert all(row["mismatch/max_abs"] < 1e-4 for row in steps), [row["mismatch/max_abs"] for row in steps]
