@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -156,13 +157,14 @@ class RunConfig:
 
 
 class Config(RunConfig):
-    """A training run's config: every field of RunConfig above, and one field for each knob an
-    algorithm declares (clip_low, beta, adv_norm, ...: in algos/, next to the loss that reads it, with
-    its default, help line and bounds; `python train.py --help` lists them). with_knobs adds those
-    fields to this class the first time a Config is made or parsed, not when this file is imported:
-    the algorithms import torch, and grading given responses (eval.py --responses, a RunConfig)
-    starts without it. Until then dataclasses.fields(Config) lists RunConfig's alone: with_knobs()
-    returns the whole class."""
+    """A config with every knob of the registry: every field of RunConfig above, and one field for each
+    knob an algorithm declares (clip_low, beta, adv_norm, ...: in algos/, next to the loss that reads it,
+    with its default, help line and bounds; `python train.py --help` lists them). A run's own config
+    (parse_config) is run_config(its --algo)'s instead: the knobs that algorithm can read, so that a run
+    imports no other algorithm. with_knobs adds the fields to this class the first time a Config is made
+    or parsed, not when this file is imported: the algorithms import torch, and grading given responses
+    (eval.py --responses, a RunConfig) starts without it. Until then dataclasses.fields(Config) lists
+    RunConfig's alone: with_knobs() returns the whole class."""
 
     def __new__(cls, *args, **kwargs):
         with_knobs()  # before __init__ runs: it is the one with every knob's field
@@ -174,13 +176,30 @@ def with_knobs() -> type:
     """Config, once given a field for every knob of the registry (algos.KNOBS), defaults included."""
     import algos
 
-    clash = sorted(set(algos.KNOBS) & {f.name for f in fields(RunConfig)})
+    return _with_fields(Config, algos.KNOBS)
+
+
+@functools.cache
+def run_config(algo: str) -> type:
+    """The config class of a run of --algo `algo`: RunConfig's fields, the knobs every run has
+    (algos.SHARED_KNOBS: the trainer reads beta, tis_cap, mis_cap and the turn credit) and the
+    algorithm's own; it imports no other algorithm. A knob of another algorithm is no field of it."""
+    import algos
+
+    knobs = {k.name: k for k in (*algos.SHARED_KNOBS, *algos.get(algo).knobs)}
+    return _with_fields(type("Config", (RunConfig,), {"__doc__": run_config.__doc__, "__module__": __name__}), knobs)
+
+
+def _with_fields(cls: type, knobs: dict) -> type:
+    """cls (a RunConfig) made a dataclass with a field for each knob, its default included; cls.KNOBS: the knobs."""
+    clash = sorted(set(knobs) & set(RunConfig.__dataclass_fields__))
     if clash:
         raise ValueError(f"algos: knob(s) {', '.join(clash)} are already fields of RunConfig in config.py")
-    Config.__annotations__ = {k.name: type(k.default).__name__ for k in algos.KNOBS.values()}
-    for k in algos.KNOBS.values():
-        setattr(Config, k.name, k.default)
-    return dataclass(Config)  # its __init__, __repr__, __eq__ and fields() hold RunConfig's fields and the knobs
+    cls.__annotations__ = {name: type(k.default).__name__ for name, k in knobs.items()}
+    for name, k in knobs.items():
+        setattr(cls, name, k.default)
+    cls.KNOBS = knobs
+    return dataclass(cls)  # its __init__, __repr__, __eq__ and fields() hold RunConfig's fields and the knobs
 
 
 class Parser(argparse.ArgumentParser):
@@ -192,20 +211,20 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_config(argv=None, knobs: bool = True) -> RunConfig:
-    """The Config of the flags in argv (sys.argv without it). knobs False: a RunConfig, without the
-    algorithms' knobs or presets; a --config file's other fields are then left unread."""
-    config = with_knobs() if knobs else RunConfig
-    parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS)
-    for f in fields(config):
-        kind = _kind(f.name)
-        flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
-                            help=_help(f.name), metavar=kind.__name__.upper(), **flag)
-    cli = vars(parser.parse_args(argv))
-    file_values = _read_yaml(cli["config"], config) if cli.get("config") else {}
-    given = {**file_values, **cli}
+    """The config of the flags in argv (sys.argv without it): run_config(--algo)'s, or Config's when a
+    flag or key is none of its fields (a knob of another algorithm, which validate then names; or a
+    mistake, which argparse names) and for --help. knobs False: a RunConfig, without the algorithms'
+    knobs or presets; a --config file's other fields are then left unread."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     if not knobs:
-        return config(**given)
+        return RunConfig(**_given(argv, RunConfig))
+    config = Config if {"-h", "--help"} & set(argv) else run_config(_given(argv, RunConfig, known=True).get(
+        "algo", RunConfig.algo))
+    try:
+        given = _given(argv, with_knobs() if config is Config else config)
+    except DataError:
+        config = with_knobs()
+        given = _given(argv, config)
     import algos
     from checkpoint import resolve_resume, saved_config
 
@@ -218,9 +237,25 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
     return config(**{**base, **given})
 
 
-def _kind(name: str) -> type:
-    owner = RunConfig if name in RunConfig.__dataclass_fields__ else with_knobs()
-    return type(default(owner.__dataclass_fields__[name]))
+def _given(argv: list, config: type, known: bool = False) -> dict:
+    """The fields that argv and its --config file give config (the command line over the file). known:
+    only RunConfig's, the rest of argv left unread (which --algo and --config). RunConfig's and Config's
+    parsers say --help; a run's does not need to."""
+    described = config is RunConfig or config is Config
+    parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS,
+                    add_help=described)
+    for f in fields(config):
+        kind = _kind(config, f.name)
+        flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
+                            help=_help(f.name) if described else None, metavar=kind.__name__.upper(), **flag)
+    cli = vars(parser.parse_known_args(argv)[0] if known else parser.parse_args(argv))
+    file_values = _read_yaml(cli["config"], config) if cli.get("config") else {}
+    return {**file_values, **cli}
+
+
+def _kind(config: type, name: str) -> type:
+    return type(default(config.__dataclass_fields__[name]))
 
 
 def default(f: dataclasses.Field):
@@ -288,7 +323,7 @@ def _read_yaml(path: str, config: type) -> dict:
                         f"python train.py --help lists the names (write them with _, not -)")
     out = {}
     for name, value in values.items():  # YAML reads 1e-6 as a string; the field type decides
-        kind = _kind(name)
+        kind = _kind(config, name)
         if kind is str and isinstance(value, list):  # data: [running_sum, countdown] = --data running_sum,countdown
             value = ",".join(map(str, value))
         try:
@@ -412,20 +447,18 @@ def field_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
 
 
 def knob_checks(cfg: RunConfig, algo) -> list[tuple[bool, str]]:
-    """Each knob of the registry: off its default only if --algo reads it, and within its bounds;
-    then the algorithm's own rule (Algorithm.check). --algo rover --beta 0.1 -> "beta=0.1: --algo
-    rover does not read beta (its loss has no KL term, ...)"."""
-    import algos
-
+    """Each knob that is a field of cfg: off its default only if --algo reads it, and within its
+    bounds; then the algorithm's own rule (Algorithm.check). --algo rover --beta 0.1 -> "beta=0.1:
+    --algo rover does not read beta (its loss has no KL term, ...)"."""
     reads = {k.name for k in algo.knobs}
     checks = []
-    for name, knob in algos.KNOBS.items():
+    for name, knob in type(cfg).KNOBS.items():
         value = getattr(cfg, name)
-        why = f" ({algo.refuses[name]})" if name in algo.refuses else ""
-        others = ", ".join(readers(name))
-        checks.append((name in reads or value == knob.default,
-                       f"{name}={value!r}: --algo {algo.name} does not read {name}{why}; leave it at its default "
-                       f"{knob.default!r}, or choose an algorithm that reads it ({others})"))
+        if name not in reads and value != knob.default:  # who does read it: the whole registry, only now
+            why = f" ({algo.refuses[name]})" if name in algo.refuses else ""
+            checks.append((False, f"{name}={value!r}: --algo {algo.name} does not read {name}{why}; leave it at its "
+                                  f"default {knob.default!r}, or choose an algorithm that reads it "
+                                  f"({', '.join(readers(name))})"))
         checks.append((not knob.problem(value), f"{name}={value!r}: {knob.problem(value)} ({knob.help})"))
     problem = algo.check(cfg) if algo.check else ""
     return checks + [(not problem, problem)]
@@ -436,6 +469,7 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
     from algos.base import several_rows  # (the registry is loaded: `algo` came from it)
 
     whole = f"--algo {cfg.algo} compares every response with the rest of its group"
+    alone = ", ".join(without_group_baseline()) if algo.group_baseline and cfg.group_size < 2 else ""  # the registry
     return [
         (cfg.prompts_per_step % world == 0,
          f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks"),
@@ -449,7 +483,7 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
         (not algo.group_baseline or cfg.group_size >= 2,
          f"group_size={cfg.group_size}: the advantage of --algo {cfg.algo} compares each response with the "
          f"rest of its group, and a group of one has none (its advantage would be its raw reward): "
-         f"group_size ≥ 2, or an algorithm without a group baseline ({', '.join(without_group_baseline())})"),
+         f"group_size ≥ 2, or an algorithm without a group baseline ({alone})"),
         (not algo.whole_groups or cfg.group_size >= 2, f"{whole}: group_size ≥ 2"),
         (not algo.whole_groups or cfg.micro_batch_size >= cfg.group_size,
          f"--algo {cfg.algo} keeps each group whole in a micro-batch: micro_batch_size="

@@ -1,7 +1,7 @@
 """Toy: REINFORCE against the group mean, with the advantage capped at ±`toy_cap`.
 
-A template for a new method: copy this file to algos/toy.py and add "toy" to MODULES in
-algos/__init__.py. That is the whole change; config.py learns `--toy-cap` from KNOBS below.
+A template for a new method: copy this file to algos/toy.py and add `"toy": ("toy",),` to MODULES
+in algos/__init__.py. That is the whole change; config.py learns `--toy-cap` from KNOBS below.
 
     torchrun --nproc_per_node 2 train.py --algo toy --toy-cap 0.3
 

@@ -48,7 +48,7 @@ def load_example(name: str):
 
 def fork_with_toy(dest: Path) -> list[str]:
     """A copy of what train.py runs (the top-level modules, algos/, the shipped model by link) with
-    examples/toy_algo.py as algos/toy.py and "toy" added to MODULES. Returns the diff's lines."""
+    examples/toy_algo.py as algos/toy.py and its line added to MODULES. Returns the diff's lines."""
     dest.mkdir()
     for path in ROOT.glob("*.py"):
         shutil.copy(path, dest)
@@ -57,8 +57,8 @@ def fork_with_toy(dest: Path) -> list[str]:
     shutil.copy(EXAMPLES / "toy_algo.py", dest / "algos" / "toy.py")
     registry = dest / "algos" / "__init__.py"
     text = registry.read_text()
-    last = '    "cov",  # clip_cov, kl_cov\n'  # the last line of MODULES
-    registry.write_text(text.replace(last, last + '    "toy",\n'))
+    last = '    "cov": ("clip_cov", "kl_cov"),\n'  # the last line of MODULES
+    registry.write_text(text.replace(last, last + '    "toy": ("toy",),\n'))
     changed = []
     for path in [*ROOT.glob("*.py"), *(ROOT / "algos").glob("*.py")]:
         mine = (dest / path.relative_to(ROOT)).read_text().splitlines()
@@ -70,7 +70,7 @@ def fork_with_toy(dest: Path) -> list[str]:
 @pytest.mark.slow
 def test_a_toy_algorithm_with_a_knob_is_one_file_and_one_registry_line(tmp_path):
     fork = tmp_path / "fork"
-    assert fork_with_toy(fork) == ['+    "toy",']  # config.py, train.py and the rest untouched
+    assert fork_with_toy(fork) == ['+    "toy": ("toy",),']  # config.py, train.py and the rest untouched
     r = torchrun("train.py", "--algo", "toy", "--toy-cap", "0.3", "--out", str(tmp_path / "run"), *SMALL, cwd=fork)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = metrics(tmp_path / "run")
@@ -117,6 +117,9 @@ def test_toy_worked_example():
     (["--algo", "pacs", "--beta", "0.1"], "beta=0.1: --algo pacs does not read beta"),
     (["--algo", "nsr", "--adv-norm", "batch"], "adv_norm='batch': --algo nsr does not read adv_norm"),
     (["--algo", "rover", "--tis-cap", "2"], "tis_cap=2.0: --algo rover does not read tis_cap"),
+    # a knob of another file: no field of grpo's run config, so the whole registry's names it
+    (["--rover-temp", "0.5"], "rover_temp=0.5: --algo grpo does not read rover_temp; leave it at its default 1.0, "
+                              "or choose an algorithm that reads it (rover)"),
 ])
 def test_a_knob_the_algorithm_does_not_read_is_a_named_error_that_loads_nothing(flags, message, tmp_path, monkeypatch):
     def no_loading(*args, **kwargs):
@@ -137,9 +140,38 @@ def test_yaml_and_presets_follow_the_same_rule(tmp_path):
         config.validate(config.parse_config(["--config", str(yaml)]), 1)
     yaml.write_text("algo: rover\nrover_temp: 0.5\n")
     assert config.parse_config(["--config", str(yaml)]).rover_temp == 0.5
+    yaml.write_text("kl_cov_ratio: 0.5\n")
+    with pytest.raises(DataError, match=r"kl_cov_ratio=0.5: --algo grpo does not read kl_cov_ratio; .* \(kl_cov\)"):
+        config.validate(config.parse_config(["--config", str(yaml)]), 1)
     for name, algo in algos.ALGORITHMS.items():  # no preset sets a knob its algorithm does not read,
         reads = {k.name for k in algo.knobs}  # and each reason for refusing one names a knob it does not
         assert set(algo.preset) & set(algos.KNOBS) <= reads and set(algo.refuses) <= set(algos.KNOBS) - reads, name
+
+
+def test_a_run_imports_the_file_of_its_algorithm_alone():
+    """parse_config and validate of --algo rover load algos/rover.py and the shared pieces, no other
+    algorithm's file; its config holds the shared knobs and rover's own, and a default run's is grpo's."""
+    probe = ("import sys, config; cfg = config.parse_config(['--algo', 'rover', '--rover-temp', '0.5']); "
+             "config.validate(cfg, 1); "
+             "print(sorted(m for m in sys.modules if m.startswith('algos')), cfg.rover_temp, cfg.beta, "
+             "hasattr(cfg, 'clip_cov_ratio'))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['algos',", "'algos.base',", "'algos.high_entropy',", "'algos.policy_gradient',",
+                           "'algos.rover']", "0.5", "0.0", "False"]
+    assert set(config.run_config("grpo").KNOBS) == {k.name for k in algos.get("grpo").knobs}
+
+
+def test_modules_names_what_each_file_defines(monkeypatch):
+    """A MODULES line that lists a name its file does not define is a named error, not a silent miss."""
+    monkeypatch.setitem(algos.MODULES, "rover", ("rover", "rover2"))
+    algos._registry.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="rover.py defines rover; MODULES says rover, rover2"):
+            algos._registry()
+    finally:
+        monkeypatch.undo()
+        algos._registry.cache_clear()
+    assert list(algos.ALGORITHMS) == [name for names in algos.MODULES.values() for name in names]
 
 
 def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys):
