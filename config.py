@@ -211,18 +211,17 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_config(argv=None, knobs: bool = True) -> RunConfig:
-    """The config of the flags in argv (sys.argv without it): run_config(--algo)'s, or Config's when a
-    flag or key is none of its fields (a knob of another algorithm, which validate then names; or a
-    mistake, which argparse names) and for --help. knobs False: a RunConfig, without the algorithms'
+    """The config of the flags in argv (sys.argv without it): run_config(--algo)'s, or Config's for
+    --help and when a flag or key is none of its fields (a knob of another algorithm, which validate
+    then names; or a mistake, which argparse names). knobs False: a RunConfig, without the algorithms'
     knobs or presets; a --config file's other fields are then left unread."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not knobs:
         return RunConfig(**_given(argv, RunConfig))
-    config = Config if {"-h", "--help"} & set(argv) else run_config(_given(argv, RunConfig, known=True).get(
-        "algo", RunConfig.algo))
+    config = run_config(_given(argv, RunConfig, known=True).get("algo", RunConfig.algo))
     try:
-        given = _given(argv, with_knobs() if config is Config else config)
-    except DataError:
+        given = _given(argv, config)
+    except DataError:  # --help, a knob of another algorithm (validate names who reads it), or a mistake
         config = with_knobs()
         given = _given(argv, config)
     import algos
@@ -239,11 +238,11 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 def _given(argv: list, config: type, known: bool = False) -> dict:
     """The fields that argv and its --config file give config (the command line over the file). known:
-    only RunConfig's, the rest of argv left unread (which --algo and --config). RunConfig's and Config's
-    parsers say --help; a run's does not need to."""
+    only config's, the rest of argv left unread (which --algo and --config). RunConfig's and Config's
+    parsers say --help; a run's leaves it to Config's, which knows every knob."""
     described = config is RunConfig or config is Config
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS,
-                    add_help=described)
+                    add_help=described and not known)
     for f in fields(config):
         kind = _kind(config, f.name)
         flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
