@@ -5,11 +5,12 @@ the helpers that turn fields into rollout / eval settings live next to the field
 that the two scripts never disagree and never import each other.
 
 Precedence: dataclass defaults < the algorithm's preset < --config YAML < command line.
-The fields of RunConfig below are the run's; Config adds every knob an algorithm declares
-(algos.KNOBS: its name, default, help line and bounds live next to the loss that reads it), when a
-Config is first made (with_knobs); the modules that need torch are imported where they are used, so
-that grading given responses (eval.py --responses: a RunConfig, parse_config(argv, knobs=False))
-starts without the algorithms, torch or transformers.
+The fields of RunConfig below are the run's; a run's config (run_config) adds the knobs its
+algorithm can read, and Config every knob an algorithm declares (algos.KNOBS: its name, default,
+help line and bounds live next to the loss that reads it), when a Config is first made (with_knobs);
+the modules that need torch are imported where they are used, so that grading given responses
+(eval.py --responses: a RunConfig, parse_config(argv, knobs=False)) starts without the algorithms,
+torch or transformers.
 """
 from __future__ import annotations
 
