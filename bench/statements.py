@@ -1,6 +1,6 @@
 """What one default step executes: statements coverage marks as run, per file, and their total.
 
-    python bench/statements.py             # ~1 minute on 2 CPU cores
+    python bench/statements.py             # ~10 s on 2 CPU cores
     python bench/statements.py --engine hf # any train.py flags are added to the run
 
 Runs, in a temporary folder, `python -m coverage run --branch --source=. train.py --max-steps 1
