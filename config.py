@@ -469,7 +469,8 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
     from algos.base import several_rows  # (the registry is loaded: `algo` came from it)
 
     whole = f"--algo {cfg.algo} compares every response with the rest of its group"
-    alone = ", ".join(without_group_baseline()) if algo.group_baseline and cfg.group_size < 2 else ""  # the registry
+    grouped = not algo.group_baseline or cfg.group_size >= 2
+    alone = "" if grouped else ", ".join(without_group_baseline())  # the whole registry, for the message alone
     return [
         (cfg.prompts_per_step % world == 0,
          f"prompts_per_step={cfg.prompts_per_step} must be divisible by the {world} ranks"),
@@ -480,7 +481,7 @@ def batch_checks(cfg: RunConfig, world: int, algo) -> list[tuple[bool, str]]:
         (not cfg.dynamic_sampling or cfg.group_size >= 2,
          "dynamic_sampling keeps only groups whose rewards differ, which a group of one never has: "
          "group_size ≥ 2 (or dynamic_sampling false)"),
-        (not algo.group_baseline or cfg.group_size >= 2,
+        (grouped,
          f"group_size={cfg.group_size}: the advantage of --algo {cfg.algo} compares each response with the "
          f"rest of its group, and a group of one has none (its advantage would be its raw reward): "
          f"group_size ≥ 2, or an algorithm without a group baseline ({alone})"),

@@ -48,10 +48,10 @@ def _registry() -> tuple[dict, dict]:
     two files disagree), and a file must define the names MODULES gives it."""
     algorithms, knobs = {}, {}
     for module, names in MODULES.items():
-        defined = tuple(a.name for a in importlib.import_module(f"algos.{module}").ALGORITHMS)
-        if defined != names:
-            raise ValueError(f"algos: {module}.py defines {', '.join(defined)}; MODULES says {', '.join(names)}")
-        algorithms.update({name: get(name) for name in names})
+        entries = {a.name: a for a in importlib.import_module(f"algos.{module}").ALGORITHMS}
+        if tuple(entries) != names:
+            raise ValueError(f"algos: {module}.py defines {', '.join(entries)}; MODULES says {', '.join(names)}")
+        algorithms.update(entries)
     for algo in algorithms.values():
         for k in algo.knobs:
             if knobs.setdefault(k.name, k) != k:
