@@ -44,6 +44,58 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message says what is still intact."""
 
 
+# ----------------------------------------------------------------------------- the logs
+
+class Logger:
+    """Rank 0 writes metrics.jsonl and samples.jsonl, and hands every row to the trackers --report-to
+    names (`names`: config.trackers): TensorBoard's scalars and sample text here, wandb's and trackio's
+    runs from extras/trackers.py (imported only when named); other ranks are silent. purge_step:
+    TensorBoard hides what an earlier launch logged from this step on (a resume); wandb and trackio
+    continue the run they began."""
+
+    def __init__(self, out: Path, enabled: bool, tokenizer, cfg, names: list[str], purge_step: int | None = None):
+        self.enabled, self.tokenizer = enabled, tokenizer
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.metrics = (out / "metrics.jsonl").open("a")
+            self.samples = (out / "samples.jsonl").open("a")
+            self.tb = SummaryWriter(str(out), purge_step=purge_step) if "tensorboard" in names else None
+            self.runs = []
+            if set(names) - {"tensorboard"}:
+                from extras.trackers import start_runs
+                self.runs = start_runs(names, out=out, cfg=cfg)
+
+    def log(self, step: int, metrics: dict, samples: list = ()) -> None:  # samples: rollout.Episodes
+        if not self.enabled:
+            return
+        metrics = {k: round(float(v), 6) for k, v in metrics.items()}
+        self.metrics.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.metrics.flush()
+        for run in self.runs:  # wandb, trackio
+            run.log(metrics, step=step)
+        for e in samples:
+            chunks = ({"transcript": e.transcript} if e.transcript else
+                      {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
+            self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
+                                           "response": e.text, "reward": e.reward, **chunks}) + "\n")
+        self.samples.flush()
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+            for e in samples:
+                self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.metrics.close()
+            self.samples.close()
+            for run in self.runs:
+                run.finish()
+            if self.tb is not None:
+                self.tb.close()
+
+
 # ----------------------------------------------------------------------------- finding them
 
 def step_of(path: Path) -> int:

@@ -77,7 +77,7 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | vllm (extras/vllm_engine.py: vLLM in every rank, pip install vllm) | auto: fast on CPU (measured faster), hf on CUDA (the engine's training steps not yet measured there)
+    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | vllm (extras/vllm_engine.py: vLLM in every rank, pip install vllm) | auto: hf on every device (the reference, tutorial/grpo.py's sampler; on CUDA the engine's whole training steps are not yet measured faster)
     engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
     engine_release: bool = False  # give the engine's KV slab back to the allocator after each call, for the update (on CUDA its graphs are then recorded anew every call); else it is kept all run
     vllm_memory: float = 0.0  # --engine vllm's share, taken when it starts: on CUDA a fraction of GPU memory (0: 0.3), on a CPU GiB of KV cache (0: 0.25)
@@ -396,8 +396,9 @@ def run_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
          f"report_to={cfg.report_to!r}: name trackers among {', '.join(TRACKERS)}, comma-separated, or none"),
         (cfg.engine == "vllm" or not cfg.vllm_memory,
          "vllm_memory applies to --engine vllm: give --engine vllm, or drop --vllm-memory"),
-        (cfg.engine not in ("hf", "vllm") or cfg.engine_compile == "auto",
-         f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine {cfg.engine} does not use it: "
+        (cfg.engine == "fast" or cfg.engine_compile == "auto",
+         f"engine_compile={cfg.engine_compile!r} applies to the engine, and --engine {cfg.engine} does not use it "
+         f"(auto: HF generate): "
          f"give --engine fast, or drop --engine-compile"),
     ]
 

@@ -10,6 +10,9 @@ in torch itself):
     and reduce-scatter fp32 gradients (MixedPrecisionPolicy);
   - a rollout gathers all weights once (`full_weights`), not once per generated token, so
     generate runs a bf16 model with a bf16 KV cache.
+Gradients of the ranks are summed, never averaged: every loss is already its share of the global
+mini-batch (docs/math.md §0). DDP adds them in rank order (`sum_in_rank_order`), FSDP2 reduce-scatters
+with a divide factor of 1; neither multiplies a loss by the world size to undo an average.
 Checkpoints: the HF weights are all-gathered one tensor at a time and only global rank 0 keeps a
 CPU copy (one full copy in the saved dtype, never two); the fp32 weights and AdamW state go to
 torch.distributed.checkpoint as they are sharded (every rank writes its part), so a run saved on
@@ -55,6 +58,16 @@ def autocast_context(cfg, device):
     if compute_dtype(cfg, device) == torch.bfloat16:
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext
+
+
+def peak_memory(device, phase: str) -> dict:
+    """{"memory/<phase>_peak_gib": the most GPU memory this rank allocated since the last call};
+    {} on CPU, which has no such counter."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {f"memory/{phase}_peak_gib": peak}
 
 
 def parallel_mode(cfg, device) -> str:
@@ -132,6 +145,11 @@ def wrap(scorer, *, mode: str, world: int, device, dtype: torch.dtype, trainable
         for layer in decoder_layers(scorer.lm):
             fully_shard(layer, mp_policy=policy)
         fully_shard(scorer, mp_policy=policy)
+        for shard in (m for m in scorer.modules() if isinstance(m, FSDPModule)):  # the setters do not recurse
+            # ranks' gradients add, as DDP's do (sum_in_rank_order); force_sum: factor 1 as a plain SUM
+            # (a divide factor is otherwise a PREMUL_SUM, which gloo lacks)
+            shard.set_gradient_divide_factor(1.0)
+            shard.set_force_sum_reduction_for_comms(True)
         # FSDP takes the first module to run forward as its root. Rollouts enter the layers
         # directly (lm.generate), so the scorer claims the root role now, with one tiny forward.
         ids = torch.zeros((1, 2), dtype=torch.long, device=device)
@@ -142,8 +160,32 @@ def wrap(scorer, *, mode: str, world: int, device, dtype: torch.dtype, trainable
             scorer.set_reshard_after_forward(True, recurse=False)
         return scorer
     if trainable and world > 1:
-        return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp.register_comm_hook(None, sum_in_rank_order)
+        return ddp
     return scorer
+
+
+def sum_in_rank_order(group, bucket):
+    """DDP's communication hook: a bucket's gradients of all ranks added in rank order, g_0 + g_1 + g_2 + ...
+
+    A sum, not DDP's average, because each loss is already its share of the global mini-batch
+    (docs/math.md §0). Gathered and added here rather than all-reduced because an all-reduce adds in an
+    order that depends on how it splits the buffer (gloo's ring: by position in it), so a tensor reduced
+    alone and the same tensor inside a bucket differ in the last bit on 3 or more ranks; added element by
+    element in rank order, the result is the same bits whatever the layout (tutorial/grpo.py adds alike).
+    The price: each rank receives world − 1 buckets, against an all-reduce's 2 (world − 1) / world."""
+    flat = bucket.buffer()
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+    gathered = dist.all_gather(parts, flat, group=group, async_op=True).get_future()
+
+    def add(_):
+        total = parts[0]
+        for part in parts[1:]:
+            total += part
+        return total
+
+    return gathered.then(add)
 
 
 def grad_sync(module, sync: bool):

@@ -11,14 +11,16 @@ inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
-from engine import Engine, cache_kwarg, forward_columns, inference
 from rewards import Problem
 
 
@@ -194,6 +196,41 @@ def written(chunks: list[Chunk]) -> list[int]:
 
 # ----------------------------------------------------------------------------- who samples: HF generate or the engine
 
+@contextmanager
+def inference(lm):
+    """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
+    was_training = lm.training
+    lm.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        lm.train(was_training)
+
+
+def cache_kwarg(lm) -> str:
+    """The keyword under which `lm`'s forward and generate take a KV cache: `cache` where its forward
+    names it (transformers 5.24 does, deprecating `past_key_values`, which forward drops in 5.40),
+    else `past_key_values`. A peft model is asked about the model it wraps."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
+    """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
+    a new DynamicCache with every layer kept whole, sliding-window ones too, so that its columns
+    line up with the padded ids), `chunk` columns a forward (0: all at once). Returns (the cache,
+    float32 logits of the last column)."""
+    cache = DynamicCache() if cache is None else cache
+    positions, step, kwarg = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1], cache_kwarg(lm)
+    for s in range(start, ids.shape[1], step):
+        out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+                 position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1, **{kwarg: cache})
+        logits = out.logits[:, -1].float()
+    return cache, logits
+
+
+
 def sample_hf(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
               cache=None) -> list[tuple[list[int], list[float]]]:
     """`sample` by HF generate, each drawn token's log-prob recorded by SamplerLogProbs."""
@@ -295,16 +332,27 @@ def reserve(lm, cfg, world: int) -> None:
     (Engine.reserve), when the engine generates for lm: call_rows by prompt_tokens + max_new_tokens;
     kept all run, or given back after each call (--engine-release)."""
     if by_engine(lm, Sampling(engine=cfg.engine, engine_compile=cfg.engine_compile)):
-        Engine.of(lm, cfg.engine_compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
+        engine_of(lm, cfg.engine_compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
                                                   release=cfg.engine_release)
 
 
 def engine_for(engine: str, device_type: str) -> str:
     """Who generates for --engine on a device type: "fast" (engine.py) or "hf" (generate). auto is
-    the one measured faster there: the engine on CPU, `generate` on CUDA, where the engine's decode
-    is measured faster but its training steps not yet (docs/measured.md). rollout.sample and
-    extras/plan.py both ask here."""
-    return engine if engine != "auto" else "hf" if device_type == "cuda" else "fast"
+    `generate`, the reference, on every device: tutorial/grpo.py's sampler, so that the default run is
+    the lesson's run. On a CPU the engine saved a tenth of a default step; on CUDA its decode is
+    measured faster but its whole training steps not yet, and auto takes it there only once they are
+    (docs/measured.md). rollout.sample and extras/plan.py both ask here."""
+    return "hf" if engine == "auto" else engine
+
+
+def engine_counters(since: dict | None = None) -> dict:
+    """The engine's counts so far (engine.counters), or with `since` (those counts at a run's start) the
+    run's engine metrics (engine.run_counters); {} where the engine never loaded: a run that samples
+    with generate neither imports engine.py nor logs its zeros."""
+    engine = sys.modules.get("engine")
+    if engine is None or since == {}:
+        return {}
+    return engine.counters() if since is None else engine.run_counters(since)
 
 
 def by_engine(lm, sampling: Sampling) -> bool:
@@ -312,16 +360,25 @@ def by_engine(lm, sampling: Sampling) -> bool:
     model it cannot run is named once (when --engine fast asked for it) and HF generates."""
     if engine_for(sampling.engine, next(lm.parameters()).device.type) != "fast":
         return False
+    from engine import Engine
+
     reason = Engine.unsupported(lm)
-    if reason and sampling.engine == "fast":  # auto takes HF generate quietly, as it says
+    if reason:
         warnings.warn(f"--engine fast: {reason}; rollouts use HF generate")
     return reason is None
+
+
+def engine_of(lm, engine_compile: str):
+    """lm's Engine (engine.py), imported here: only a run that asks for the engine reads its file."""
+    from engine import Engine
+
+    return Engine.of(lm, engine_compile)
 
 
 def forward_model(lm, sampling: Sampling):
     """The model whose forward `sample` runs for lm: the engine's (its inference copy, where it keeps
     one: the KV cache given to `sample` must come from the model that continues it) or lm itself."""
-    return Engine.of(lm, sampling.engine_compile).runner(lm) if by_engine(lm, sampling) else lm
+    return engine_of(lm, sampling.engine_compile).runner(lm) if by_engine(lm, sampling) else lm
 
 
 def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
@@ -330,7 +387,7 @@ def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     row is cut after its first stop id."""
     ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
     stops, most = stop_ids(tokenizer), sampling.max_new_tokens
-    engine, strings = Engine.of(lm, sampling.engine_compile), stop_strings(tokenizer, sampling)
+    engine, strings = engine_of(lm, sampling.engine_compile), stop_strings(tokenizer, sampling)
     tokens, logps = engine.decode(ids, mask, sampling=sampling, new_tokens=most, stops=stops, prefix=cache,
                                   prefill_chunk=sampling.prefill_chunk, strings=strings)
     cut = [cut_at_stop(t, stops, most, strings) for t in tokens]

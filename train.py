@@ -28,13 +28,12 @@ vLLM/SGLang generation, tensor/pipeline parallelism, value models (PPO with a cr
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -51,17 +50,16 @@ import data
 from algos import LossInputs
 from algos.credit import row_advantage, set_turn_advantages
 from algos.select import batch_wide, token_flags
-from checkpoint import CheckpointError, lock, open_run, resume, run_folder, save_run
+from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
                     require_trackers, response_tokens, rollout_shapes, trackers, validate)
-from engine import counters, run_counters
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
 from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
-                      grad_sync, parallel_mode, setup_distributed, teardown, weights_dtype, wrap)
+                      grad_sync, parallel_mode, peak_memory, setup_distributed, teardown, weights_dtype, wrap)
 from rewards import grade_batch, overlong_penalty
-from rollout import (Episode, RolloutError, Sampling, collate, encode_prompts, generate, mismatch_stats, reserve,
-                     sampler_correction)
+from rollout import (Episode, RolloutError, Sampling, collate, encode_prompts, engine_counters, generate,
+                     mismatch_stats, reserve, sampler_correction)
 from tasks import detail_means
 
 
@@ -286,9 +284,8 @@ def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old:
         entropy = (inputs.mask * out["entropy"]).sum() / max(totals["tokens"], 1)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * entropy
-        # DDP averages gradients over ranks; the loss is already a share of the global
-        # mini-batch, so undo the average
-        (out["logp"].sum() * 0.0 if dummy else loss * learner.world).backward()
+        # the loss is already a share of the global mini-batch: ranks' gradients add (parallel.wrap sums)
+        (out["logp"].sum() * 0.0 if dummy else loss).backward()
     if mismatch is not None and not dummy and batch.sampler_logp is not None:
         mismatch.append((old["logp"] - batch.sampler_logp)[inputs.mask > 0].cpu().numpy())
     # every rank sums the same metric names (a stand-in adds zeros) for the all-reduce
@@ -431,65 +428,6 @@ def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
 
 
 # ============================================================================ logging
-
-class Logger:
-    """Rank 0 writes metrics.jsonl and samples.jsonl, and hands every row to the trackers --report-to
-    names: TensorBoard's scalars and sample text here, wandb's and trackio's runs from extras/trackers.py
-    (imported only when named); other ranks are silent. purge_step: TensorBoard hides what an earlier
-    launch logged from this step on (a resume); wandb and trackio continue the run they began."""
-
-    def __init__(self, out: Path, enabled: bool, tokenizer, cfg: Config, purge_step: int | None = None):
-        self.enabled, self.tokenizer, names = enabled, tokenizer, trackers(cfg)
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-            self.metrics = (out / "metrics.jsonl").open("a")
-            self.samples = (out / "samples.jsonl").open("a")
-            self.tb = SummaryWriter(str(out), purge_step=purge_step) if "tensorboard" in names else None
-            self.runs = []
-            if set(names) - {"tensorboard"}:
-                from extras.trackers import start_runs
-                self.runs = start_runs(names, out=out, cfg=cfg)
-
-    def log(self, step: int, metrics: dict, samples: list[Episode] = ()) -> None:
-        if not self.enabled:
-            return
-        metrics = {k: round(float(v), 6) for k, v in metrics.items()}
-        self.metrics.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.metrics.flush()
-        for run in self.runs:  # wandb, trackio
-            run.log(metrics, step=step)
-        for e in samples:
-            chunks = ({"transcript": e.transcript} if e.transcript else
-                      {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
-            self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
-                                           "response": e.text, "reward": e.reward, **chunks}) + "\n")
-        self.samples.flush()
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, step)
-            for e in samples:
-                self.tb.add_text("samples", f"**{e.problem.prompt}** → {e.text} (reward {e.reward})", step)
-            self.tb.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.metrics.close()
-            self.samples.close()
-            for run in self.runs:
-                run.finish()
-            if self.tb is not None:
-                self.tb.close()
-
-
-def peak_memory(device, phase: str) -> dict:
-    """{"memory/<phase>_peak_gib": the most GPU memory this rank allocated since the last call};
-    {} on CPU, which has no such counter."""
-    if device.type != "cuda":
-        return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
-    torch.cuda.reset_peak_memory_stats(device)
-    return {f"memory/{phase}_peak_gib": peak}
-
 
 def lr_factor(s: int, cfg: Config) -> float:
     """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
@@ -663,16 +601,19 @@ def train(cfg: Config, setup: Setup) -> None:
     stream = task.stream(setup.train_problems, cfg.seed)
     if start is not None:
         stream.load(state["stream"])
-    logger = Logger(out, rank == 0, tokenizer, cfg, purge_step=logged + 1 if cfg.resume else None)
+    logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
+
+    def sampling_weights():  # vLLM samples from its own copy: the trainer's shards are gathered for the push alone
+        return nullcontext() if backend else full_weights(learner.scorer)
 
     def run_eval():
         from eval import evaluate  # a run with --eval-every 0 never loads the eval script
-        with full_weights(learner.scorer), learner.autocast():
+        with sampling_weights(), learner.autocast():
             return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))[0]
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
     backend = start_vllm(cfg, learner, world, device) if cfg.engine == "vllm" else None  # samples instead of both
-    engine_start = counters()  # what engines did before this run (another run in this process)
+    engine_start = engine_counters()  # what engines did before this run (another run in this process)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
@@ -684,7 +625,7 @@ def train(cfg: Config, setup: Setup) -> None:
         torch.manual_seed(mixed_seed(cfg.seed, step, rank))  # every random draw of a step
         random.seed(mixed_seed(cfg.seed, step, rank))
         t0 = time.perf_counter()
-        with full_weights(learner.scorer), learner.autocast():
+        with sampling_weights(), learner.autocast():
             episodes, generated, data_pos, metrics = collect_rollouts(
                 lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape, backend)
         setup.shape.check(generated)  # an environment failing every trace stops the run here
@@ -697,7 +638,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0], **run_counters(engine_start)})
+                        "lr": scheduler.get_last_lr()[0], **engine_counters(engine_start)})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])

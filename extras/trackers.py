@@ -1,6 +1,6 @@
 """wandb and trackio, the trackers that --report-to names beside TensorBoard, each imported only when named.
 
-train.Logger starts them on global rank 0 alone and hands each one every row it writes to metrics.jsonl
+checkpoint.Logger starts them on global rank 0 alone and hands each one every row it writes to metrics.jsonl
 (the same rounded values at the same step) through the two calls both libraries' runs share:
 run.log(metrics, step=step) and run.finish(). Once, at the start, each gets the run's name (its
 folder's: runs/grpo-20261127-120000 -> grpo-20261127-120000) and its whole config (config.yaml's fields).
@@ -27,7 +27,7 @@ PROJECT = "rlvr"  # both trackers' project unless WANDB_PROJECT / TRACKIO_PROJEC
 
 
 def start_runs(names: list[str], *, out: Path, cfg) -> list:
-    """A started run of each tracker named but TensorBoard (train.Logger's own), in the order named:
+    """A started run of each tracker named but TensorBoard (checkpoint.Logger's own), in the order named:
     ["tensorboard", "trackio", "wandb"] -> [trackio's run, wandb's run]."""
     config = dataclasses.asdict(cfg)
     return [wandb_run(out, config) if name == "wandb" else trackio_run(out, config, resumed=bool(cfg.resume))

@@ -13,6 +13,7 @@ from environments import Environment, Observations, Session, Step, Turns
 from algos.credit import normalised, row_advantage, to_go
 from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
+from parallel import wrap
 from rewards import DataError, Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
 from helpers import share_two_ranks
@@ -138,9 +139,8 @@ def one_update(model_dir, credit, rank=0, world=1):
     torch.manual_seed(0)
     lm = load_model(model_dir)
     start = {name: p.detach().clone() for name, p in lm.named_parameters()}
-    scorer = ResponseLogProbs(lm)
-    if world > 1:
-        scorer = torch.nn.parallel.DistributedDataParallel(scorer)
+    # as train.py wraps it: under DDP on 2 ranks, the ranks' gradients summed (parallel.sum_in_rank_order)
+    scorer = wrap(ResponseLogProbs(lm), mode="ddp", world=world, device=torch.device("cpu"), dtype=torch.float32)
     opt = torch.optim.SGD(lm.parameters(), lr=1.0)
     cfg = config(credit, micro_batch_size=2)
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=None, optimizer=opt,

@@ -9,6 +9,7 @@ import torch
 import algos
 from extras.lora import AdaptersOff, add_lora
 from model import ResponseLogProbs, load_model
+from parallel import wrap
 from rewards import Problem
 from rollout import Chunk, Episode
 from config import Config
@@ -66,9 +67,8 @@ def policy(model_dir, cfg, gradient_checkpointing=False):
 def one_update(model_dir, cfg, rank=0, world=1):
     torch.manual_seed(0)
     lm, adapters = policy(model_dir, cfg)
-    scorer = ResponseLogProbs(lm)
-    if world > 1:
-        scorer = torch.nn.parallel.DistributedDataParallel(scorer)
+    # as train.py wraps it: under DDP on 2 ranks, the ranks' gradients summed (parallel.sum_in_rank_order)
+    scorer = wrap(ResponseLogProbs(lm), mode="ddp", world=world, device=torch.device("cpu"), dtype=torch.float32)
     # SGD with lr 1: the parameter change is the gradient itself (Adam's first step would hide
     # a wrong gradient scale behind its sign-like normalisation).
     opt = torch.optim.SGD([p for p in lm.parameters() if p.requires_grad], lr=1.0)

@@ -20,16 +20,17 @@ def loaded(tmp_path_factory) -> tuple[dict[str, list[str]], Path]:
     """({phase: the optional modules loaded after it}, the folder the runs wrote in), from one fresh
     interpreter (as a user runs train.py) that runs, in turn: a default step with its eval and its
     checkpoint ("train"); eval.py on the built-in held-out split, sampled and graded ("eval"); the
-    rollout shapes of --env calculator's config ("flag"). One interpreter for the three, since its start
+    rollout shapes of --env calculator's config ("flag"); the engine's slab for --engine fast ("fast").
+    engine.py counts as optional here: only --engine fast reads it. One interpreter for the three, since its start
     is seconds of imports: a phase finds nothing optional loaded before it while the phases before it
     load none, which the tests below check in order."""
     tmp = tmp_path_factory.mktemp("layout")
     script = f"""import json, sys
-import config, eval, train
-from model import load_tokenizer
+import config, eval, rollout, train
+from model import load_model, load_tokenizer
 seen = {{}}
 def loaded(phase):
-    seen[phase] = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})
+    seen[phase] = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r} or m == "engine")
 train.main(["--max-steps", "1", "--eval-every", "1", "--eval-problems", "4", "--prompts-per-step", "4",
             "--out", {str(tmp / "run")!r}])
 loaded("train")
@@ -38,6 +39,9 @@ loaded("eval")
 cfg = config.parse_config(["--env", "calculator"])
 config.rollout_shapes(cfg, load_tokenizer(cfg.model))
 loaded("flag")
+cfg = config.parse_config(["--engine", "fast"])
+rollout.reserve(load_model(cfg.model), cfg, 1)
+loaded("fast")
 print(json.dumps(seen))"""
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -46,7 +50,8 @@ print(json.dumps(seen))"""
 
 @pytest.mark.slow
 def test_the_default_run_imports_no_optional_module(loaded):
-    """A default step, its eval and its checkpoint load nothing from grading/, environments/ or extras/."""
+    """A default step, its eval and its checkpoint load nothing from grading/, environments/ or extras/,
+    nor engine.py: HF generate samples (--engine auto)."""
     phases, tmp = loaded
     assert phases["train"] == []
     assert (tmp / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
@@ -62,10 +67,12 @@ def test_a_plain_eval_imports_no_optional_module(loaded):
 
 @pytest.mark.slow
 def test_a_flag_imports_its_folder(loaded):
-    """The checks above can fail: --env calculator does import environments/ (and only what it needs)."""
+    """The checks above can fail: --env calculator does import environments/ (and only what it needs),
+    and --engine fast engine.py."""
     phases, _ = loaded
     assert phases["train"] == phases["eval"] == []
     assert phases["flag"] == ["environments", "environments.rollout", "environments.tools"]
+    assert phases["fast"] == ["engine", "environments", "environments.rollout", "environments.tools"]
 
 
 def test_the_root_holds_the_core_only():

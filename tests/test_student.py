@@ -1,12 +1,21 @@
 """tutorial/grpo.py, GRPO in one file, is train.py's default path: the same run, number for number.
 
 Both run with the same seed and settings for two steps (16 prompts × 8 samples, so one rank takes
-its 128 responses in two micro-batches of 64 and two ranks one each), with an eval before the first
-step and after the last. The rewards, losses, gradient norms and eval accuracy they log must be
-equal as train.py logs them (6 decimals), and the final weights equal bit for bit: both do the same
-float operations in the same order, so there is no tolerance to state. When a default of train.py
-changes (its loss aggregation, clip, learning rate, schedule, sampling...), the weights differ and this
-test fails until the file follows.
+its 128 responses in two micro-batches of 64 and two ranks one each; on three ranks 12 prompts, 32
+responses a rank), with an eval before the first step and after the last. The rewards, losses,
+gradient norms and eval accuracy they log must be equal as train.py logs them (6 decimals), and the
+final weights equal bit for bit: there is no tolerance to state, because both do the same float
+operations in the same order. What makes that hold on any number of ranks:
+  - each rank's loss is already its share of the whole batch (divided by the global count of
+    sequences), so the gradient of the batch is the plain sum of the ranks' and micro-batches'
+    gradients: nothing is multiplied by the world size and divided again (g·3/3 is rounded);
+  - micro-batches add into .grad in the same order in both;
+  - ranks add in rank order, ((g_0 + g_1) + g_2) element by element: the file all-gathers each
+    gradient and adds, train.py's DDP hook (parallel.sum_in_rank_order) does the same per bucket. An
+    all-reduce would not do: gloo's adds in an order set by each element's place in the buffer, which
+    differs between one tensor and DDP's bucket of many on 3 or more ranks (2 ranks: a + b = b + a).
+When a default of train.py changes (its loss aggregation, clip, learning rate, schedule, sampling...),
+the weights differ and this test fails until the file follows.
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ from helpers import ROOT, metrics, torchrun
 FILE = ROOT / "tutorial" / "grpo.py"
 EVAL = ["--eval-every", "2", "--eval-problems", "16"]  # with a batch of 32: two calls of 8 problems × 4 samples
 FILE_FLAGS = ["--steps", "2", *EVAL, "--eval-batch", "32"]
-TRAIN_FLAGS = ["--algo", "grpo", "--engine", "hf", "--max-steps", "2", *EVAL, "--eval-batch-size", "32",
+TRAIN_FLAGS = ["--algo", "grpo", "--max-steps", "2", *EVAL, "--eval-batch-size", "32",
                "--report-to", "none"]
 
 
@@ -40,10 +49,11 @@ def test_the_file_is_one_sitting_and_imports_only_the_task():
     assert imported & ours == {"tasks"}
 
 
-def run_both(tmp_path: Path, world: int) -> tuple[Path, Path]:
+def run_both(tmp_path: Path, world: int, prompts: int = 16) -> tuple[Path, Path]:
     """(the file's folder, train.py's folder) after two steps of each on `world` ranks."""
     mine, theirs = tmp_path / "file", tmp_path / "train"
-    for script, flags, out in ((FILE, FILE_FLAGS, mine), (ROOT / "train.py", TRAIN_FLAGS, theirs)):
+    for script, flags, out in ((FILE, [*FILE_FLAGS, "--prompts", str(prompts)], mine),
+                               (ROOT / "train.py", [*TRAIN_FLAGS, "--prompts-per-step", str(prompts)], theirs)):
         args = [str(script), *flags, "--out", str(out)]
         if world == 1:  # one thread, as each of two ranks has: a process of 2 threads on 2 busy cores crawls
             done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -78,3 +88,9 @@ def test_the_file_equals_train_py_on_one_rank(tmp_path):
 @pytest.mark.slow
 def test_the_file_equals_train_py_on_two_ranks(tmp_path):
     assert_same_run(*run_both(tmp_path, world=2))
+
+
+@pytest.mark.slow
+def test_the_file_equals_train_py_on_three_ranks(tmp_path):
+    """A world size that is not a power of two: 12 prompts (16 do not split over 3 ranks)."""
+    assert_same_run(*run_both(tmp_path, world=3, prompts=12))

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import checkpoint
 import config
-import train
 from config import Config
 from helpers import metrics, run_main, torchrun
 from test_train import SMALL  # a small batch, short responses, a short eval
@@ -47,12 +47,13 @@ def test_the_logger_opens_only_the_trackers_named_and_only_on_rank_0(tmp_path, m
     monkeypatch.setitem(sys.modules, "extras.trackers", None)
     for name, report_to in (("default", "tensorboard"), ("none", "none")):
         (tmp_path / name).mkdir()
-        logger = train.Logger(tmp_path / name, True, None, Config(report_to=report_to))
+        cfg = Config(report_to=report_to)
+        logger = checkpoint.Logger(tmp_path / name, True, None, cfg, config.trackers(cfg))
         logger.log(1, {"reward/mean": 0.5})
         logger.close()
         assert metrics(tmp_path / name) == [{"step": 1, "reward/mean": 0.5}]
         assert len(list((tmp_path / name).glob("events.out.tfevents.*"))) == (name == "default")
-    silent = train.Logger(tmp_path / "rank1", False, None, Config(report_to="tensorboard,wandb,trackio"))
+    silent = checkpoint.Logger(tmp_path / "rank1", False, None, Config(), ["tensorboard", "wandb", "trackio"])
     silent.log(1, {"reward/mean": 0.5})
     silent.close()
     assert not (tmp_path / "rank1").exists()
