@@ -97,19 +97,21 @@ def test_layer_activations_formula_matches_its_docstring():
 def test_cpu_plan_is_fp32_ddp_and_gpu_plan_bf16_fsdp():
     from extras.plan import target_for
     cfg = Config()
-    assert target_for(cfg, 1, "cpu") == Target("cpu", 1, "ddp", 4, "fast")  # --engine auto: the engine on CPU
+    assert target_for(cfg, 1, "cpu") == Target("cpu", 1, "ddp", 4, "hf")  # --engine auto: generate everywhere
     assert target_for(cfg, 8, "cuda") == Target("cuda", 8, "fsdp", 2, "hf")
 
 
 def test_engine_auto_is_planned_as_the_generator_it_runs():
-    """--engine auto is planned as rollout.sample resolves it: the engine's slab on CPU, generate's
-    KV cache on CUDA."""
+    """--engine auto is planned as rollout.sample resolves it: generate's KV cache on CPU and on CUDA (no
+    engine slab), and --engine fast is planned with the slab."""
     shape, _ = find_shape("models/Qwen2.5-1.5B-Instruct")
-    for device, runs in (("cpu", "fast"), ("cuda", "hf")):
-        auto, named = (estimate(Config(engine=e), shape, 1, device) for e in ("auto", runs))
-        assert auto == named
-        slab = [row for phase in auto[1] for row, _ in phase.rows if row.startswith("engine KV slab")]
-        assert bool(slab) == (runs == "fast")
+    def slab(plan) -> list:
+        return [row for phase in plan[1] for row, _ in phase.rows if row.startswith("engine KV slab")]
+
+    for device in ("cpu", "cuda"):
+        auto, hf, fast = (estimate(Config(engine=e), shape, 1, device) for e in ("auto", "hf", "fast"))
+        assert auto == hf and not slab(auto)
+        assert slab(fast)
 
 
 @pytest.mark.parametrize("name,params,layers,tied", [
