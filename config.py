@@ -77,10 +77,10 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 80  # tokens per generate call: the response budget, or with max_chunks > 1 the chunk size C
     prefill_chunk: int = 0  # prompt tokens per prefill forward (bounds its activations); 0 = one forward
-    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | vllm (extras/vllm_engine.py: vLLM in every rank, pip install vllm) | auto: hf on every device (the reference, tutorial/grpo.py's sampler; on CUDA the engine's whole training steps are not yet measured faster)
+    engine: str = "auto"  # who generates: hf (model.generate, the reference) | fast (engine.py: a capturable decode step) | vllm (extras/vllm_engine.py: vLLM in every rank; docs/gpus-and-memory.md installs it) | auto: hf on every device (the reference, tutorial/grpo.py's sampler; on CUDA the engine's whole training steps are not yet measured faster)
     engine_compile: str = "auto"  # the engine's decode step: auto (inductor + CUDA graphs on CUDA, off on CPU) | off | eager (traced whole, run as traced: the CUDA path's trace on a CPU) | inductor
     engine_release: bool = False  # give the engine's KV slab back to the allocator after each call, for the update (on CUDA its graphs are then recorded anew every call); else it is kept all run
-    vllm_memory: float = 0.0  # --engine vllm's share, taken when it starts: on CUDA a fraction of GPU memory (0: 0.3), on a CPU GiB of KV cache (0: 0.25)
+    vllm_memory: float = 0.0  # --engine vllm's share, taken when it starts: on CUDA a fraction of the GPU that vLLM fills, on a CPU GiB of KV cache; 0: a KV cache for the largest call's rows where it fits 0.3 of the GPU with the weights (0.25 GiB on a CPU), else that share
     # --- optimizer
     lr: float = 3e-4  # AdamW learning rate after warm-up
     warmup_steps: int = 5  # optimizer steps of linear warm-up, then the schedule

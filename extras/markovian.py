@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rewards import Problem
 import rollout
-from rollout import (Chunk, Episode, Sampling, Shape, ends, episodes, forward_columns, forward_model, inference, left_pad,
-                     plain, stop_ids, written)
+from model import forward_columns, inference
+from rewards import Problem
+from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, forward_model, left_pad, plain, stop_ids, written
 
 
 @dataclass

@@ -33,6 +33,7 @@ from transformers.integrations import sdpa_attention
 import algos
 from engine import graph_columns, graph_rows
 from extras.lora import chosen
+from extras.vllm_engine import KV_BLOCK, PUSH_BYTES, STEP_TOKENS, buckets, kv_cache_bytes, memory_args
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
@@ -255,10 +256,10 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
     kv_token = kv_token_bytes(s, t)
     context = p + c  # a generate call never exceeds prompt + max_new_tokens (Markovian: q + C)
     cached = (p + h) + context if chunks > 1 and m > h else context
+    if t.engine == "vllm":  # vLLM holds its memory all run (vllm_rows); the trainer only pushes, outside full_weights
+        return [Phase(f"{label}: weights pushed to vLLM", push_rows(cfg, s, t), label),
+                Phase(f"{label}: vLLM generates", vllm_step_rows(cfg, s, t, seqs), label)]
     weights = gathered_rows(cfg, s, t, generating=True)
-    if t.engine == "vllm":  # vLLM generates in its own share (vllm_rows); the trainer gathers and pushes weights
-        return [Phase(f"{label}: weights pushed to vLLM", weights + [
-            (f"a pushed tensor (the embeddings), {_dtype(t.bytes)}", s.vocab * s.hidden * t.bytes)], label)]
     if t.engine == "fast":  # the KV cache is the engine's slab, counted as resident (engine_rows)
         # a group's prompt is prefilled once; a later round or turn prefills every row
         prefilled = seqs // cfg.group_size if chunks == 1 and not cfg.env else seqs
@@ -276,16 +277,79 @@ def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampli
             Phase(f"{label}: last decode step", weights + decode, label)]
 
 
-def vllm_rows(cfg, s: Shape, t: Target) -> list:
-    """vLLM's share (extras/vllm_engine.py): on CUDA the fraction --vllm-memory (0: 0.3) of the GPU's
-    memory, which vLLM fills with its weights, activations and KV cache; on a CPU its weights in the
-    compute dtype and --vllm-memory GiB (0: 0.25) of KV cache."""
-    if t.device == "cuda":
-        fraction = cfg.vllm_memory or 0.3
-        return [(f"vLLM: {fraction:g} of the GPU's {cfg.gpu_memory:g} GiB (weights, KV cache)",
-                 fraction * cfg.gpu_memory * GiB)]
-    return [(f"vLLM: its weights, {_dtype(t.bytes)}", s.params * t.bytes),
-            ("vLLM: KV cache", (cfg.vllm_memory or 0.25) * GiB)]
+def vllm_rows(cfg, s: Shape, t: Target, rows: int) -> list:
+    """What vLLM holds from its start on, beside every later phase, as extras/vllm_engine.memory_args sizes
+    it: its weights in the compute dtype, a KV cache of the run's largest call (`rows` × prompt +
+    max_new_tokens, kv_cache_bytes) and on CUDA its CUDA graphs; or a share of the GPU that vLLM fills (the
+    default 0.3 where those rows do not fit it, or --vllm-memory), or on a CPU at most 0.25 (or
+    --vllm-memory) GiB of KV cache. The graphs share one pool: the temporaries of the largest capture (a
+    decode step of min(2 × rows, 512) tokens, vLLM's default; one layer's at a time, as a step's
+    activations), plus about 1 MiB for each graph, FULL and PIECEWISE at every captured size (vLLM's own
+    estimate of the same memory, profile_cudagraph_memory, has this form)."""
+    cuda, columns = t.device == "cuda", prompt_tokens(cfg) + cfg.max_new_tokens
+    token = s.layers * 2 * s.kv_heads * s.head_dim * t.bytes  # vLLM's keys and values: the compute dtype
+    kv = kv_cache_bytes(rows=rows, columns=columns, token_bytes=token, cuda=cuda)
+    args = memory_args(cfg.vllm_memory, weights=s.params * t.bytes, kv=kv, total=cfg.gpu_memory * GiB, cuda=cuda)
+    if "kv_cache_memory_bytes" not in args:
+        share = args["gpu_memory_utilization"]
+        return [(f"vLLM: {share:g} of the GPU's {cfg.gpu_memory:g} GiB (weights, KV cache, CUDA graphs)",
+                 share * cfg.gpu_memory * GiB)]
+    held = args["kv_cache_memory_bytes"]
+    out = [(f"vLLM: its weights, {_dtype(t.bytes)}", s.params * t.bytes),
+           (f"vLLM: KV cache, {rows} rows × {columns} tokens in blocks of {KV_BLOCK[t.device]}" if held == kv else
+            f"vLLM: KV cache, {held / GiB:g} GiB (fewer rows at once)", held)]
+    if cuda:
+        sizes = graph_sizes(rows)
+        graphs = 2 * len(sizes)
+        out.append((f"vLLM: CUDA graphs, one layer's activations at {sizes[-1]} tokens + 1 MiB × {graphs} graphs",
+                    sizes[-1] * vllm_layer_bytes(s, t) + graphs * 2**20))
+    return out
+
+
+def graph_sizes(rows: int) -> list[int]:
+    """The decode batches vLLM 0.32 captures a CUDA graph of by default (vllm/config/vllm.py): 1, 2, 4, then
+    every 8 below 256 and every 16 from 256, up to min(2 × max_num_seqs, 512), and max_num_seqs itself.
+    20 rows -> [1, 2, 4, 8, 16, 20, 24, 32, 40]."""
+    top = min(2 * rows, 512)
+    sizes = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
+    return sorted(set(sizes + [rows]))
+
+
+def vllm_layer_bytes(s: Shape, t: Target) -> int:
+    """Bytes a token's activations take in one of vLLM's decoder layers at their widest: the MLP's gate|up
+    output, its product and the layer's input and output, or attention's q|k|v and output (as prefill_rows
+    counts HF's)."""
+    return t.bytes * max(4 * s.hidden + 3 * s.intermediate, 3 * s.hidden + (s.heads + 2 * s.kv_heads) * s.head_dim)
+
+
+def vllm_step_rows(cfg, s: Shape, t: Target, seqs: int) -> list:
+    """What a generate call of `seqs` requests adds inside vLLM, freed after it (its profile run at start
+    reserves the same): one layer's activations for a step's tokens (max_num_batched_tokens) and the
+    sampler's fp32 [requests, vocab] logits, processed logits and log-probs."""
+    tokens = max(prompt_tokens(cfg) + cfg.max_new_tokens, STEP_TOKENS)
+    return [(f"vLLM: one layer's activations, {tokens} tokens a step", tokens * vllm_layer_bytes(s, t)),
+            ("vLLM sampler: fp32 [requests, vocab] × 3", seqs * s.vocab * 4 * 3)]
+
+
+def push_rows(cfg, s: Shape, t: Target) -> list:
+    """The trainer's side of a push (VLLM.pull), outside full_weights: its largest bucket of whole layers
+    (vllm_engine.buckets over this model at PUSH_BYTES) made in the compute dtype (by FSDP's gathers, or a
+    cast; none when the weights already are that dtype, DDP fp32); under FSDP in bf16, the fp32 gather of
+    the largest tensor before its cast; with LoRA, W, B A and their sum in float64 for the largest adapted
+    weight. Qwen2.5-7B, bf16, FSDP: one layer 466 MB (2 × 233,057,792), the embeddings' fp32 2.18 GB."""
+    b, lora = t.bytes, adapted(cfg, s)
+    units = ([("embed", s.vocab * s.hidden * b)] + [(f"layers.{i}.", s.layer_params * b) for i in range(s.layers)]
+             + [("norm", s.hidden * b)] + ([] if s.tied else [("lm_head", s.vocab * s.hidden * b)]))
+    new = t.mode == "fsdp" or t.weight_bytes != b or bool(lora)
+    largest = max(sum(units[i][1] for i in push) for push in buckets(units, PUSH_BYTES)) if new else 0
+    rows = [(f"a push: whole layers up to {PUSH_BYTES >> 20} MiB (or one layer), {_dtype(b)}", largest)]
+    if t.mode == "fsdp" and b != 4:
+        rows.append(("its largest tensor gathered in fp32, before the cast",
+                     4 * max([s.vocab * s.hidden] + [i * o for _, i, o in s.linears])))
+    if lora:
+        rows.append(("LoRA merge: W, B A and W + B A of the largest adapted weight, float64",
+                     3 * 8 * max(i * o for _, i, o in lora)))
+    return rows
 
 
 def engine_step_rows(s: Shape, t: Target, seqs: int, sampling: tuple) -> list:
@@ -435,7 +499,7 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
                                                                               shape.params * 4)], "load"))
     phases += update_phases(cfg, shape, t)
     if t.engine == "vllm":  # taken when vLLM starts, after the model loads, and held all run
-        share = vllm_rows(cfg, shape, t)
+        share = vllm_rows(cfg, shape, t, max(rollout, held_out))
         phases = [ph if ph.group == "load" else Phase(ph.name, ph.rows + share, ph.group) for ph in phases]
     if t.engine == "fast":  # one engine serves rollouts and evals: the larger call sizes it (rollout.reserve)
         slab, kept = engine_rows(cfg, shape, t, max(rollout, held_out), (cfg.temperature, cfg.top_p, cfg.top_k))
@@ -548,13 +612,17 @@ def _knobs(cfg, world: int, vocab: int) -> dict:
     rows, length, _ = micro_batch(cfg, target_for(cfg, world, "cuda"))
     per_call = call_rows(cfg, world)[0] // g  # groups of a generate call, as rollout.generate cuts them
     prefill = ("prefill_chunk", 1, (cfg.prefill_chunk or prompt_tokens(cfg) + cfg.max_new_tokens) - 1, 1)
-    return {
+    knobs = {
         "rollout": [("rollout_batch_size", 1, per_call - 1, g), prefill],  # whole groups per generate call
         "eval": [("eval_batch_size", 1, max(1, cfg.eval_batch_size // n) - 1, n), prefill],
         "update": [("max_tokens_per_micro_batch", length, rows * length - 1, 1),
                    ("micro_batch_size", cfg.group_size if _whole_groups(cfg) else 1, rows - 1, 1),
                    ("logprob_chunk", 1, logprob_chunk(cfg.logprob_chunk, vocab) - 1, 1)],
     }
+    if cfg.engine == "vllm":  # a share below a KV cache for every row of a call: vLLM queues the rest
+        for group in knobs.values():
+            group.append(("vllm_memory", 1, 99, 0.01))
+    return knobs
 
 
 
@@ -573,10 +641,10 @@ def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
             if _fits(dataclasses.replace(cfg, gradient_checkpointing=True), shape, world, budget, group):
                 options["gradient_checkpointing"] = True
         for name, lo, hi, unit in knobs:
-            n = _largest(lambda k: _fits(dataclasses.replace(cfg, **{name: k * unit}), shape, world, budget, group),
-                         lo, hi)
+            n = _largest(lambda k: _fits(dataclasses.replace(cfg, **{name: round(k * unit, 2)}), shape, world, budget,
+                                         group), lo, hi)
             if n is not None:
-                options[name] = n * unit
+                options[name] = round(n * unit, 2)
         text = " or ".join(f"{k} true" if v is True else f"{k} ≤ {v}" for k, v in options.items())
         lines.append(f"{group}: {text or 'no single setting is enough'}")
         together.update(list(options.items())[:1])

@@ -114,6 +114,62 @@ def test_engine_auto_is_planned_as_the_generator_it_runs():
         assert slab(fast)
 
 
+def test_vllm_rows_by_hand_qwen2_5_1_5b_on_8_gpus():
+    """--engine vllm on 8 GPUs (FSDP, bf16), 64 prompts × 8 (64 rows a rank), prompts of 512 + 1024 new tokens,
+    no eval, for Qwen2.5-1.5B (hidden 1536, MLP 8960, 12 heads, 2 KV heads of 128, 28 layers, vocab 151,936),
+    by hand. vLLM holds, beside every phase after loading: its bf16 weights; a KV cache of 64 rows of 1536/16
+    blocks + its null block, 16 tokens × 28 layers × K, V × 2 heads × 128 × 2 B; CUDA graphs at 1, 2, 4, 8..128
+    (19 sizes, FULL and PIECEWISE: 38 graphs), one layer's activations at 128 tokens, 2 × (4·1536 + 3·8960) B a
+    token. A rollout holds no gathered copy of the weights: the push's largest bucket is 5 decoder layers of
+    2 × 46,797,824 B (6 are over 512 MiB; the embeddings, 466,747,392 B, go alone), beside the embeddings'
+    fp32 gather; generating, a step's 2048 tokens of activations and the sampler's 3 fp32 [64, vocab]. With
+    --vllm-memory 0.3, that share of the GPU's 80 GiB instead."""
+    cfg = Config(engine="vllm", prompts_per_step=64, group_size=8, plan_prompt_tokens=512, max_new_tokens=1024,
+                 eval_every=0, model="models/Qwen2.5-1.5B-Instruct")
+    shape, _ = find_shape(cfg.model)
+    assert shape.layer_params == 2 * 1536 * 1536 + 1536 + 2 * (1536 * 256 + 256) + 3 * 1536 * 8960 + 2 * 1536
+    token = 2 * (4 * 1536 + 3 * 8960)
+    held = {"vLLM: its weights, bf16": 2 * shape.params,
+            "vLLM: KV cache, 64 rows × 1536 tokens in blocks of 16": (64 * 96 + 1) * 16 * 28 * 2 * 2 * 128 * 2,
+            "vLLM: CUDA graphs, one layer's activations at 128 tokens + 1 MiB × 38 graphs": 128 * token + 38 * 2**20}
+    _, phases = estimate(cfg, shape, 8, "cuda")
+    by_name = {p.name: dict(p.rows) for p in phases}
+    assert by_name["rollout: weights pushed to vLLM"] == {
+        **held, "a push: whole layers up to 512 MiB (or one layer), bf16": 5 * 2 * shape.layer_params,
+        "its largest tensor gathered in fp32, before the cast": 4 * 151_936 * 1536}
+    assert by_name["rollout: vLLM generates"] == {
+        **held, "vLLM: one layer's activations, 2048 tokens a step": 2048 * token,
+        "vLLM sampler: fp32 [requests, vocab] × 3": 64 * 151_936 * 12}
+    assert all(held.items() <= rows.items() for name, rows in by_name.items() if not name.startswith("load"))
+    assert not any("gathered, bf16" in what for rows in by_name.values() for what in rows if "root" not in what)
+    _, phases = estimate(Config(**{**cfg.__dict__, "vllm_memory": 0.3}), shape, 8, "cuda")
+    assert dict(phases[0].rows)["vLLM: 0.3 of the GPU's 80 GiB (weights, KV cache, CUDA graphs)"] == 0.3 * 80 * 2**30
+
+
+def test_vllm_takes_the_default_share_where_the_rows_do_not_fit_it_and_a_fitting_share_is_suggested():
+    """The 7B PACS recipe with --engine vllm on 8 × 80 GB: a KV cache for a call's 128 rows of 512 + 4096 tokens
+    (128 × 4608 tokens × 28 layers × K, V × 4 heads × 128 × 2 B, 33.8 GB) beside the weights (15.2 GB) is over
+    the default share, 0.3 × 80 GiB = 25.8 GB, so vLLM gets the share (and holds fewer rows at once), and the
+    recipe fits. With --vllm-memory 0.5 it does not, and the plan names the largest share that does (it
+    fits; one point more does not)."""
+    cfg = parse_config(["--config", str(ROOT / "configs/qwen2.5-7b_deepscaler_pacs.yaml"), "--engine", "vllm",
+                        "--world-size", "8"])
+    shape, _ = find_shape(cfg.model)
+    assert 128 * 4608 * 28 * 2 * 4 * 128 * 2 + 2 * shape.params > 0.3 * 80 * 2**30
+    budget = tensor_budget(cfg)
+
+    def fits(**change) -> bool:
+        resident, phases = estimate(Config(**{**cfg.__dict__, **change}), shape, 8, "cuda")
+        assert ("vLLM: 0.3 of the GPU's 80 GiB (weights, KV cache, CUDA graphs)" in dict(phases[0].rows)) == (
+            not change)
+        return all(sum(v for _, v in resident) + p.total <= budget for p in phases)
+
+    assert fits() and not fits(vllm_memory=0.5)
+    lines = suggestions(Config(**{**cfg.__dict__, "vllm_memory": 0.5}), shape, 8, budget)
+    share = float(re.search(r"update: vllm_memory ≤ ([\d.]+)", "\n".join(lines)).group(1))
+    assert fits(vllm_memory=share) and not fits(vllm_memory=round(share + 0.01, 2))
+
+
 @pytest.mark.parametrize("name,params,layers,tied", [
     ("Qwen2.5-0.5B", 494_032_768, 24, True), ("Qwen2.5-1.5B-Instruct", 1_543_714_304, 28, True),
     ("Qwen2.5-3B", 3_085_938_688, 36, True), ("Qwen2.5-7B", 7_615_616_512, 28, False),

