@@ -30,32 +30,38 @@ How an inference engine works, top to bottom:
   AttentionInterface, switched on while the engine decodes).
 - **Attention** (`attend`): writes the new key and value into column col, in place, by explicit
   (row, head, column) indices into the whole slab buffer, then attends to start[r] .. col (and the
-  layer's sliding window). Compiled, flex_attention over the whole slab under a block mask built
-  on the device (`live_blocks`): each row reads its own live BLOCK-column blocks, a kv head once
-  for the heads that share it, and no shape depends on the context. Eager, two matmuls over the
-  columns so far.
-- **Buckets.** A graph has fixed shapes, so compiled steps run on a rows bucket: a power of two ≥
-  the live rows (at least 2). Eager steps use the exact sizes.
+  layer's sliding window) as two matmuls over the slab's first `view` columns, a kv head read once
+  for the query heads that share it, float32 scores under a mask built from start and col. One
+  path compiled or not: only `view` differs (below). Not flex_attention: its decoding kernel wants
+  a static batch (rows are symbolic here) and, in torch 2.13, a power-of-two head ratio (Qwen2.5's
+  are 6 and 7), so a decode step got its prefill kernel, a 64-128-row query tile for one row.
+- **Buckets.** A graph has fixed shapes, so compiled steps run on (rows, view): rows a power of
+  two ≥ the live rows (at least 2), view a multiple of BLOCK ≥ col + 1 (`view_columns`; the slab
+  has one column more, so a view never spans it whole). Eager steps use the exact sizes.
 - **Around the step** (`Engine.decode`, plain Python): every `check` steps (8 on CUDA, 1 on CPU)
   the host reads the stop flags, the only device-to-host read. When every row has stopped, the
   call ends; when the live rows fit a smaller bucket, they move to the top of the slab and the
   finished ones leave, so the cost follows the live rows. A row that stopped between two checks
   runs on and is cut at its stop id afterwards.
 - **Capture.** On CUDA the step is compiled by inductor with CUDA graphs (`--engine-compile`,
-  `Engine.__init__`): `fullgraph=True` (a graph break would raise), rows symbolic (one graph serves
-  every bucket; inductor's CUDA graph trees record one CUDA graph per bucket, in one memory pool),
-  floats constant, the sampling values (temperature, top-p) in device buffers: one graph per
-  `Mode` (greedy, top-k, top-p on), three in a run that evaluates greedily at another
-  temperature. The slab, the step's buffers and the stacked weights are static inputs
-  (`mark_static_address`), read and written in place. On CPU the step runs eagerly unless asked;
-  `--engine-compile eager` traces it with exactly CUDA's dynamo options.
+  `Engine.__init__`): `fullgraph=True` (a graph break would raise), rows and view the only
+  symbols (one graph serves every bucket; inductor's CUDA graph trees record one CUDA graph per
+  bucket, in one memory pool), floats constant, the sampling values (temperature, top-p) in
+  device buffers: one graph per `Mode` (greedy, top-k, top-p on), three in a run that evaluates
+  greedily at another temperature. The slab, the step's buffers and the stacked weights are
+  static inputs (`mark_static_address`), read and written in place, and their shapes are static:
+  held by modules (`Stacked`) or marked (`mark_static`), never read off a plain object, whose
+  ints and tensor sizes dynamo would make symbols, 3 a layer with ~140 guards, which grew a
+  28-layer trace to minutes. On CPU the step runs eagerly unless asked; `--engine-compile eager`
+  traces it with exactly CUDA's dynamo options.
 - **The weights it runs** (`Engine.runner`): the model itself when it is a plain model holding its
   weights in the dtype it computes in; else a hook-free inference copy in the compute dtype,
   refreshed in place before each rollout (under FSDP, from the gathered layers, which are then
   resharded; with LoRA, the adapters merged in). An optimizer step writes the model's weights in
   place, and the copy never moves: a recorded graph reads the addresses it was recorded with.
-  When the slab grows, or a plain model's weight went to new storage, torch records the CUDA
-  graphs anew (the compiled code stays); Engine.moves counts it.
+  When a plain model's weight went to new storage, torch records the CUDA graphs anew (the
+  compiled code stays); when the slab grows (a call larger than the reserve), its static shapes
+  change and the step compiles anew. Engine.moves counts both.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
 sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
@@ -63,24 +69,23 @@ sliding-window attention) is named by `Engine.unsupported`, and rollout.sample u
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import sys
 import time
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 
+from model import forward_columns, inference
+
 ATTENTION = "rlvr_slab"  # our AttentionInterface name
-BLOCK = 128  # compiled steps: the slab's columns come in blocks of this many (flex_attention's KV block)
+BLOCK = 128  # compiled steps: attention reads a multiple of this many columns (a column bucket)
 LAYER_TYPES = {"full_attention", "sliding_attention"}
 FUSED = {"LlamaAttention", "Qwen2Attention", "Qwen3Attention"}  # layers the engine runs itself, projections stacked
 
@@ -91,43 +96,17 @@ def graph_rows(live: int) -> int:
     return max(2, 1 << (live - 1).bit_length()) if live else 0
 
 
-def graph_columns(columns: int) -> int:
-    """Columns of a compiled engine's slab: the next multiple of BLOCK. 300 -> 384."""
+def view_columns(columns: int) -> int:
+    """Columns a compiled step's attention reads for `columns` columns of context: the next multiple
+    of BLOCK (few column buckets: a CUDA graph each, per rows bucket). 300 -> 384."""
     return -(-columns // BLOCK) * BLOCK
 
 
-@contextmanager
-def inference(lm):
-    """Dropout off while generating; HF also turns the KV cache off in train mode with checkpointing."""
-    was_training = lm.training
-    lm.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        lm.train(was_training)
-
-
-def cache_kwarg(lm) -> str:
-    """The keyword under which `lm`'s forward and generate take a KV cache: `cache` where its forward
-    names it (transformers 5.24 does, deprecating `past_key_values`, which forward drops in 5.40),
-    else `past_key_values`. A peft model is asked about the model it wraps."""
-    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-def forward_columns(lm, ids, mask, cache, start: int, chunk: int = 0):
-    """Feed columns start: of left-padded ids into `cache` (which holds the columns before; None:
-    a new DynamicCache with every layer kept whole, sliding-window ones too, so that its columns
-    line up with the padded ids), `chunk` columns a forward (0: all at once). Returns (the cache,
-    float32 logits of the last column)."""
-    cache = DynamicCache() if cache is None else cache
-    positions, step, kwarg = (mask.cumsum(1) - 1).clamp(min=0), chunk or ids.shape[1], cache_kwarg(lm)
-    for s in range(start, ids.shape[1], step):
-        out = lm(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
-                 position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1, **{kwarg: cache})
-        logits = out.logits[:, -1].float()
-    return cache, logits
+def graph_columns(columns: int) -> int:
+    """Columns of a compiled engine's slab for `columns` columns of context: view_columns and one
+    spare, so that no view spans the whole slab (dynamo would specialise a view equal to the slab's
+    static width: a graph of its own). 300 -> 385."""
+    return view_columns(columns) + 1
 
 
 @dataclass(frozen=True)
@@ -177,38 +156,19 @@ def draw(logits: torch.Tensor, mode: Mode, temperature=1.0, top_p=1.0) -> tuple[
     return token, z.log_softmax(-1).gather(-1, token[:, None])[:, 0]
 
 
-def live_blocks(start: torch.Tensor, col: torch.Tensor, rows: int, capacity: int, window=None) -> BlockMask:
-    """flex_attention's block mask for one new column of every row: row r sees the columns c with
-    start[r] ≤ c ≤ col (and col − c < window), and only the BLOCK-column blocks that hold one are
-    read: row r's blocks first // BLOCK .. col // BLOCK, their count and indices built on the device
-    (fixed shapes, so a CUDA graph replays them). start [3, 200], col 300, rows 2 -> blocks [0, 1, 2]
-    and [1, 2]."""
-    first = start[:rows] if window is None else torch.clamp(start[:rows], min=col - window + 1)
-    blocks, lowest = capacity // BLOCK, first // BLOCK
-    counts = (col // BLOCK - lowest + 1).to(torch.int32)
-    indices = (lowest[:, None] + torch.arange(blocks, device=start.device)).clamp(max=blocks - 1).to(torch.int32)
-
-    def visible(b, h, q, kv):
-        seen = (kv >= start[b]) & (kv <= col[0])
-        return seen & (kv > col[0] - window) if window is not None else seen
-    return BlockMask.from_kv_blocks(counts.view(rows, 1, 1), indices.view(rows, 1, 1, blocks), BLOCK_SIZE=BLOCK,
-                                    mask_mod=visible, seq_lengths=(1, capacity), compute_q_blocks=False)
-
-
-def attend(slab, layer: int, query, key, value, *, rows: int, view, masks, scaling: float, window=None, softcap=None):
+def attend(slab, layer: int, query, key, value, *, rows: int, view: int, scaling: float, window=None,
+           softcap=None):
     """Attention over the engine's slab for one new column of every row.
 
     query [rows, heads, 1, head_dim], key/value [rows, kv_heads, 1, head_dim] (rotary applied) ->
     output [rows, 1, heads, head_dim]. The key and value are written into column slab.col; the
-    query attends to the columns c with start[r] ≤ c ≤ col (and col − c < window on sliding-window
-    layers): the mask comes from the slab's per-row start, not from the caller. Heads share kv heads
-    as HF's repeat_kv pairs them (head h reads kv head h // (heads / kv_heads)), each kv head read
-    once for its group. Gemma's soft-capping before the mask.
-
-    Compiled (view None): flex_attention over the whole slab with `masks[window]` (live_blocks), so
-    a step reads each row's live blocks only, whatever the longest row, and its shapes do not
-    depend on the context: one graph a rows bucket. Eager (view: the columns so far): the
-    columns < view, scores and softmax in float32 (HF eager's softmax dtype), as two matmuls.
+    query attends to the columns c < view with start[r] ≤ c ≤ col (and col − c < window on
+    sliding-window layers): the mask comes from the slab's per-row start, not from the caller.
+    Heads share kv heads as HF's repeat_kv pairs them (head h reads kv head h // (heads / kv_heads)),
+    each kv head read once for its group, as two matmuls; scores and softmax in float32 (HF eager's
+    softmax dtype); Gemma's soft-capping before the mask. view: the columns so far (eager), or
+    their column bucket (compiled: view_columns, so that one graph and few CUDA graphs serve
+    every length; the columns past col are masked).
 
     The write names every (row, kv head, column) it sets in the whole slab buffer. Writing through
     a slice, slab[:rows].index_copy_(...), is an in-place op on a view of a graph input, which the
@@ -218,13 +178,6 @@ def attend(slab, layer: int, query, key, value, *, rows: int, view, masks, scali
     where = (torch.arange(rows, device=key.device)[:, None], torch.arange(key.shape[1], device=key.device), slab.col)
     slab.keys[layer].index_put_(where, key[:, :, 0])
     slab.values[layer].index_put_(where, value[:, :, 0])
-    if view is None:
-        def capped(score, b, h, q, kv):
-            return torch.tanh(score / softcap) * softcap
-        out = flex_attention(query, slab.keys[layer][:rows], slab.values[layer][:rows],
-                             score_mod=capped if softcap is not None else None, block_mask=masks[window],
-                             scale=scaling, enable_gqa=heads != key.shape[1])
-        return out.transpose(1, 2)
     keys, values = slab.keys[layer][:rows, :, :view], slab.values[layer][:rows, :, :view]
     grouped = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
     scores = (grouped @ keys.transpose(-1, -2)).float() * scaling  # [rows, kv_heads, group, view]
@@ -240,17 +193,14 @@ def attend(slab, layer: int, query, key, value, *, rows: int, view, masks, scali
 
 
 def slab_attention(module, query, key, value, attention_mask, *, scaling, slab=None, slab_rows=0,
-                   slab_view=None, slab_masks=None, sliding_window=None, softcap=None, dropout=0.0, **kwargs):
+                   slab_view=0, sliding_window=None, softcap=None, dropout=0.0, **kwargs):
     """`attend` as HF's AttentionInterface calls an attention function, for the layers the engine
     does not run itself (not in FUSED): -> (output, no weights)."""
     unknown = {k for k in kwargs if k not in ("position_ids", "use_cache", "cache_position")}
     if unknown:
         raise NotImplementedError(f"the engine's attention does not implement {sorted(unknown)}")
-    if slab_view is None and sliding_window not in slab_masks:  # a window its attention module does not name
-        slab_masks = {sliding_window: live_blocks(slab.start, slab.col, slab_rows, slab.keys[0].shape[2],
-                                                  sliding_window)}
-    return attend(slab, module.layer_idx, query, key, value, rows=slab_rows, view=slab_view, masks=slab_masks,
-                  scaling=scaling, window=sliding_window, softcap=softcap), None
+    return attend(slab, module.layer_idx, query, key, value, rows=slab_rows, view=slab_view, scaling=scaling,
+                  window=sliding_window, softcap=softcap), None
 
 
 AttentionInterface.register(ATTENTION, slab_attention)
@@ -258,29 +208,35 @@ AttentionInterface.register(ATTENTION, slab_attention)
 
 # ----------------------------------------------------------------------------- layers it runs itself
 
-class Stacked:
+class Stacked(torch.nn.Module):
     """Several projections of one input as one GEMM: their weights (and biases) are consecutive rows
     of one matrix, and each projection's own parameter becomes a view of its rows, so that whatever
-    writes the parameters (the inference copy's refresh) writes the stack. q|k|v, gate|up."""
+    writes the parameters (the inference copy's refresh) writes the stack. q|k|v, gate|up.
+
+    A module holding buffers and a tuple of sizes, not a plain object: under `dynamic=True` dynamo
+    makes every int and every tensor dimension it reads off a plain object a symbol (3 a layer,
+    with ~140 guards, which grew the trace of a 28-layer copy to minutes), while a module's buffers
+    and int attributes stay static."""
 
     def __init__(self, *modules: torch.nn.Linear):
-        self.sizes = [m.out_features for m in modules]
-        self.weight = torch.cat([m.weight.detach() for m in modules])
+        super().__init__()
+        self.sizes = tuple(m.out_features for m in modules)
         biased = [m.bias is not None for m in modules]
         if any(biased) and not all(biased):
             raise ValueError("a stacked projection needs a bias on all of its parts or on none")
-        self.bias = torch.cat([m.bias.detach() for m in modules]) if all(biased) else None
+        self.register_buffer("weight", torch.cat([m.weight.detach() for m in modules]))
+        self.register_buffer("bias", torch.cat([m.bias.detach() for m in modules]) if all(biased) else None)
         for m, w, b in zip(modules, self.weight.split(self.sizes), self.bias.split(self.sizes) if all(biased)
                            else [None] * len(modules)):
             m.weight.data = w
             if b is not None:
                 m.bias.data = b
 
-    def __call__(self, x):
+    def forward(self, x):
         return F.linear(x, self.weight, self.bias).split(self.sizes, -1)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
+        return list(self.buffers())
 
 
 class Apart:
@@ -310,7 +266,7 @@ def fused_layers(lm, stack: bool) -> list | None:
              kind(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in layers]
 
 
-def fused_logits(lm, projections: list, token, position, *, slab, rows: int, view, masks) -> torch.Tensor:
+def fused_logits(lm, projections: list, token, position, *, slab, rows: int, view: int) -> torch.Tensor:
     """lm's last-position logits for one new token of every row, its decoder layers run here with
     each layer's projections from `projections` (fused_layers), HF's modules for the rest (norms,
     rotary, o_proj, down_proj, LM head) and `attend` for attention: a layer is RMSNorm, one q|k|v
@@ -327,8 +283,8 @@ def fused_logits(lm, projections: list, token, position, *, slab, rows: int, vie
             q, k = attn.q_norm(q), attn.k_norm(k)
         rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         q, k = rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        out = attend(slab, attn.layer_idx, q, k, v.transpose(1, 2), rows=rows, view=view, masks=masks,
-                     scaling=attn.scaling, window=getattr(attn, "sliding_window", None))
+        out = attend(slab, attn.layer_idx, q, k, v.transpose(1, 2), rows=rows, view=view, scaling=attn.scaling,
+                     window=getattr(attn, "sliding_window", None))
         h = h + attn.o_proj(out.reshape(rows, 1, -1))
         gate, up = gate_up(layer.post_attention_layernorm(h))
         h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
@@ -379,8 +335,8 @@ class Engine:
         self.moves = 0  # calls that found the slab, the copy or a weight at another address than the last
         self.steps, self.issue_seconds = 0, 0.0  # decode steps, and host seconds spent issuing them
         self._pointers, self._twin = None, None
-        self._runs = None  # (the model the layers were read from, fused_layers, attention windows)
-        self._layers, self._windows = None, []  # the current call's, read by the step
+        self._runs = None  # (the model the layers were read from, its fused_layers)
+        self._layers = None  # the current call's, read by the step
 
     @staticmethod
     def unsupported(lm) -> str | None:
@@ -439,27 +395,26 @@ class Engine:
             m.reshard()
         return self._twin
 
-    def _layers_of(self, runner) -> tuple:
-        """(fused_layers of the model the engine decodes with, its attention windows), read once per
-        model: a compiled step is guarded on these objects, and the stacks are the copy's weights."""
+    def _layers_of(self, runner) -> list | None:
+        """fused_layers of the model the engine decodes with, read once per model: a compiled step is
+        guarded on these objects, and the stacks are the copy's weights."""
         if self._runs is None or self._runs[0]() is not runner:
             layers = fused_layers(runner, stack=runner is self._twin)
-            windows = {getattr(layer.self_attn, "sliding_window", None) for layer in runner.get_decoder().layers}
             if self.compiled and layers:
                 for t in [t for pair in layers for part in pair for t in part.tensors()]:
                     torch._dynamo.mark_static_address(t)
-            self._runs = (weakref.ref(runner), layers, sorted(windows, key=lambda w: w or 0))
-        return self._runs[1:]
+            self._runs = (weakref.ref(runner), layers)
+        return self._runs[1]
 
     # ------------------------------------------------------------------ buffers
 
     def _reserve(self, rows: int, capacity: int, like: DynamicCache) -> None:
         """Slab and step buffers for at least `rows` rows (+ one scratch row that dead bucket
         rows write to) and `capacity` columns, and at least `least`; kept between calls and grown,
-        never shrunk, so that a call finds them where the last one left them (a growth moves them:
-        Engine.moves counts it). Zeroed when allocated only: attention multiplies the columns it
-        masks by a probability of 0, and 0 · NaN from uninitialised memory would be NaN; what an
-        earlier call wrote there is finite."""
+        never shrunk, so that a call finds them where the last one left them (a growth moves them,
+        Engine.moves counts it, and a compiled step compiles anew for their static shapes). Zeroed
+        when allocated only: attention multiplies the columns it masks by a probability of 0, and
+        0 · NaN from uninitialised memory would be NaN; what an earlier call wrote there is finite."""
         rows, capacity = max(rows, self._bucket(self.least[0])), max(capacity, self.least[1])
         if self.compiled:
             capacity = graph_columns(capacity)
@@ -479,9 +434,10 @@ class Engine:
         self.out_tokens = torch.zeros(rows + 1, capacity, **long)  # row `rows`: the scratch row
         self.out_logp = torch.zeros(rows + 1, capacity, device=self.device)
         self.temperature, self.top_p = torch.ones(1, device=self.device), torch.ones(1, device=self.device)
-        if self.compiled:
+        if self.compiled:  # static addresses (a CUDA graph reads them in place) and static shapes
             for t in self.buffers():
                 torch._dynamo.mark_static_address(t)
+                torch._dynamo.mark_static(t)
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor the engine keeps between calls (the memory plan counts them)."""
@@ -494,7 +450,7 @@ class Engine:
         (the slab grew, a plain model's weight went to new storage). A recorded CUDA graph reads the
         addresses it was recorded with: torch records such a graph anew for the new addresses
         (static inputs, mark_static_address), and the compiled code stays, since addresses are not
-        among dynamo's guards."""
+        among dynamo's guards (a grown slab's shapes are: its step compiles anew)."""
         pointers = tuple(t.data_ptr() for t in [*lm.parameters(), *self.buffers()])
         if pointers != self._pointers and self._pointers is not None:
             self.moves += 1
@@ -513,20 +469,16 @@ class Engine:
         self.token[:rows] = token
         self.t += 1
 
-    def step(self, lm, rows: int, view: int | None, mode: Mode) -> None:
+    def step(self, lm, rows: int, view: int, mode: Mode) -> None:
         """Feed every row's last token (into column col), then sample the next: the function a
-        CUDA graph captures. rows and mode are fixed per graph, view is None when compiled (attention
-        reads live blocks) or the columns so far; everything else is a buffer."""
+        CUDA graph captures. rows and view (the columns attention reads) are the step's only sizes,
+        mode is fixed per graph; everything else is a buffer."""
         position = self.col - self.start[:rows]
-        capacity = self.keys[0].shape[2]
-        masks = None if view is not None else {w: live_blocks(self.start, self.col, rows, capacity, w)
-                                               for w in self._windows}
         if self._layers:
-            logits = fused_logits(lm, self._layers, self.token[:rows], position, slab=self, rows=rows, view=view,
-                                  masks=masks)
+            logits = fused_logits(lm, self._layers, self.token[:rows], position, slab=self, rows=rows, view=view)
         else:
             logits = lm(input_ids=self.token[:rows, None], position_ids=position[:, None], use_cache=False,
-                        logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view, slab_masks=masks).logits[:, -1]
+                        logits_to_keep=1, slab=self, slab_rows=rows, slab_view=view).logits[:, -1]
         self._sample(logits.float(), rows, mode)
         self.col += 1
 
@@ -561,7 +513,7 @@ class Engine:
             if hold(self.keys + self.values):  # before the prefill, whose tensors must not take the slab's place
                 for t in self.keys + self.values:
                     t.zero_()
-            self._layers, self._windows = self._layers_of(lm)
+            self._layers = self._layers_of(lm)
             cache, copies, logits = self.prefill(lm, ids, mask, prefix=prefix, chunk=prefill_chunk)
             self._reserve(self._bucket(n), w + new_tokens, cache)
             for layer, k, v in zip(cache.layers, self.keys, self.values):
@@ -591,7 +543,7 @@ class Engine:
                         rows = self._leave(rows)
                         if not rows:
                             break
-                    self._timed_step(lm, rows, None if self.compiled else w + t, mode)
+                    self._timed_step(lm, rows, view_columns(w + t) if self.compiled else w + t, mode)
             finally:
                 lm.set_attn_implementation(previous)
                 if self.release:

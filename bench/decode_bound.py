@@ -234,10 +234,11 @@ def cell(value, spec: str, missing: str = "–") -> str:
     return missing if value is None else format(value, spec)
 
 
-def run(lm, config, device, args, say=print, after=None) -> list[dict]:
+def run(lm, config, device, args, say=print, after=None, measured=None) -> list[dict]:
     """The regimes asked for on build_model's `lm`, `say`-ing a header and each table row as it is
-    measured; after(regime, rows so far) once a regime is measured, while its engine's step is still
-    the one compiled (the next regime's engine resets the compiler). -> the rows as dicts."""
+    measured; measured(regime, rows so far) after each batch; after(regime, rows so far) once a regime
+    is measured, while its engine's step is still the one compiled (the next regime's engine resets
+    the compiler). -> the rows as dicts."""
     text, recipe = config.get_text_config(), yaml.safe_load(Path(args.recipe).read_text())
     dtype = compute_dtype(Config(), device)
     size, head_dim = dtype.itemsize, getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -281,6 +282,8 @@ def run(lm, config, device, args, say=print, after=None) -> list[dict]:
                           f"{cell(r['tokens_s'], ',.0f')} | {cell(r['bound_tokens_s'], ',.0f')} | "
                           f"{cell(r['fraction'], '.1%')} | {cell(r['roofline'], '.1%')} | {cell(r['vs_hf'], '.2f')} | "
                           f"{r['compiles']} |" for r in rows[-len(ENGINES):]))
+            if measured:
+                measured(regime, rows)
         if after:
             after(regime, rows)
     return rows

@@ -1,31 +1,39 @@
-"""One command that settles on one GPU, in 8 minutes, whether the engine (`--engine fast`) earns its
-place: what a training step costs with it against HF `generate`, how close it decodes to the
-hardware's limits and where the rest of a step goes, whether it writes what `generate` writes and
-records the trainer's log-probs, whether its CUDA graphs draw fresh random numbers at every replay,
-and what a LoRA run costs against the memory plan. The parts, most valuable first:
+"""One command that settles on one GPU, within `timeout 420`, whether the engine (`--engine fast`)
+earns its place and where its time goes: how long its step takes to compile at depth, what a
+training step costs with it against HF `generate` (what `--engine auto` on CUDA waits for), how close
+it decodes to the hardware's limits, whether it writes what `generate` writes. The parts, in order:
 
-    python bench/gpu_check.py                         # every part, within 465 s (PARTS): fits `timeout 480`
-    python bench/gpu_check.py --skip rng,lora         # parts: train, decode, agree, rng, lora, vllm
-    python bench/gpu_check.py --caps decode=300       # a part's cap in seconds, for a slower GPU
-    python bench/gpu_check.py --device cpu --quick    # every part tiny on CPU: the test suite's smoke run
+    timeout 420 python bench/gpu_check.py             # probe, train, decode, agree, as far as WINDOW goes
+    python bench/gpu_check.py --parts decode,agree    # chosen parts: probe, train, decode, agree, rng, lora, vllm
+    python bench/gpu_check.py --skip agree --caps decode=300   # a part left out; a part's cap in seconds
+    python bench/gpu_check.py --device cpu --quick    # the parts tiny on CPU: the test suite's smoke run
 
 Random-initialised models of a real shape and vocabulary (assets/shapes/Qwen2.5-1.5B-Instruct, no
 download), bf16 on the GPU. Without CUDA it stops at once, saying so, with status 1.
 
+- probe: the engine's step on its inference copy (fp32 weights under bf16 autocast, as DDP holds
+  them: q|k|v and gate|up stacked), 2 and then 8 of the shape's layers at their real widths. A first
+  call (8 rows) compiles; a second in another rows bucket, whose context crosses a column bucket,
+  must compile nothing. Per depth: compile seconds, graphs, recompiles, the second call's seconds,
+  and the attention's kernels in a profiled step (softmax, flex, attention or fmha in the name): on
+  2026-11-28 the copy's first 28-layer step did not end in 300 s (issue 53: its sizes were symbols).
 - train: 3 steps of the Qwen2.5-1.5B GSM8K recipe (configs/qwen2.5-1.5b_gsm8k_grpo.yaml on the
-  built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget) with
-  --engine hf, then fast (hf first: it is the baseline, and on an H200 on 2026-11-28 fast's first
-  step had not ended at the cap, which left neither engine's figures). Per step: seconds, of which compiling (train.py's cumulative
-  time/engine_compile, told apart), the rollout's share, engine/compiles and engine/moves so far; each
-  phase's peak (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's
-  (extras.plan.estimate); fast's step time over hf's, compile seconds left out, over steps 2-3.
-- decode: bench/decode_bound.py on the whole shape, batch 64/128/256, prompt 128, 64 new tokens,
-  both regimes: each engine's tokens/s as a fraction of the roofline and of the memory-bandwidth
-  bound. For each regime's engine: its calls that found the slab at a new address (Engine.moves:
-  CUDA graphs recorded anew) out of its calls; at batch 64 and 256 the host's seconds issuing a step
-  (Engine.issue_seconds / Engine.steps over one call); in the bound regime, a torch.profiler
-  histogram of a step's kernels (a call of 64 tokens less one of 1, per step: the same prefill):
-  how many, their time, the most run and the longest (on CPU, the outermost ops).
+  built-in running_sum task and bench/gpu_run.py's model; 8 prompts × 8, 256-token budget, FSDP
+  world 1, bf16) with --engine hf, then fast, each step's rollout and update seconds printed as it
+  ends; the run is stopped after its last step, before its end-of-run checkpoint (~21 GB). Per
+  step: seconds, of which compiling (train.py's cumulative time/engine_compile, told apart),
+  rollout and update, engine/compiles and engine/moves so far; each phase's peak
+  (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's (extras.plan.estimate);
+  then the table that decides `--engine auto` on CUDA: both engines step by step, and fast's step
+  over hf's, compiling left out, over steps 2-3.
+- decode: bench/decode_bound.py's bound regime (the bare bf16 model, every row writes every token)
+  on the whole shape, batch 64 and 256, prompt 128, 64 new tokens: each engine's tokens/s as a
+  fraction of the roofline and of the memory-bandwidth bound; the engine's calls that found the slab
+  at a new address (Engine.moves: CUDA graphs recorded anew) out of its calls; at each batch the
+  host's seconds issuing a step (Engine.issue_seconds / Engine.steps over one call) and a
+  torch.profiler histogram of a step's kernels (a call of 64 tokens less one of 1, per step: the
+  same prefill): how many, their time, the most run and the longest (on CPU, the outermost ops).
+  --quick runs both regimes (decode_bound's training regime too).
 - agree: on 4 of the shape's layers, 16 rows × 64 tokens. Greedy rows by the engine and by
   `generate` in fp32, where a logit's rounding (~1e-6 of it) is far below the margin between the
   top two logits (a random model's are close: ~0.2 of the logits' spread, which bf16's rounding
@@ -44,23 +52,29 @@ download), bf16 on the GPU. Without CUDA it stops at once, saying so, with statu
   and --engine fast: the same figures, the adapters merged into the engine's copy.
 - vllm: train's 3 steps with --engine vllm (extras/vllm_engine.py): the same figures, the weight
   push's seconds, its step time over the train part's fast and hf. Where vllm is not importable it
-  says so in a line and takes no time; where it is, it needs 150 s more than PARTS' 465.
+  says so in a line and takes no time.
 
 Each part runs in a process of its own (`--part NAME`) under a cap: part i must end by the sum of
-the caps of parts 1..i, so that a part that ends early leaves its seconds to the next, and one that
-runs past is stopped with its processes, recorded as timed out with what it had kept (train after
-each engine, decode after each regime), and the next part runs. Writes one JSON (--out; rewritten
-after every part) and prints a markdown table: part | measure | value. A part that fails or times
-out is recorded as such, and the exit status is then 1.
+the caps of parts 1..i, so that a part that ends early leaves its seconds to the next, and every
+part by WINDOW, so that the table is printed before `timeout 420` stops the command; a part left
+less than LEAST seconds is not started, and says so. A part still running at its cap prints every
+thread's stack a few seconds before (faulthandler: the line it stalled on; train.py, run with
+-X faulthandler, gets SIGABRT at its engine's cap), is stopped with its processes, and is recorded
+as timed out with what it had kept (probe after each depth, train after each step, decode after
+each batch); the next part runs. Writes one JSON (--out; rewritten after every part) and prints a
+markdown table: part | measure | value. A part that fails or times out is recorded as such, and the
+exit status is then 1.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import copy
+import faulthandler
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -83,6 +97,12 @@ SHAPE = "Qwen2.5-1.5B-Instruct"
 RECIPE = ["--config", str(ROOT / "configs" / "qwen2.5-1.5b_gsm8k_grpo.yaml"), "--data", "running_sum",
           "--eval-data", "", "--prompt-template", "", "--save-every", "0"]  # its data files are not shipped
 BINS = 8
+WINDOW = 405  # seconds from the start by which every part has ended and the table is printed: `timeout 420`
+LEAST = 30  # seconds a part needs at the least: its process, imports and model
+HF_CAP = 115  # train's hf pass: 3 steps in 77 s on an H200 (2026-11-28), its process and load ~15 s
+END = math.inf  # this process's part must end by then (time.monotonic()): run_part sets it
+COMPILED = "Torch-Compiled Region"  # the profiler's event around a compiled function's ops
+ATTENTION = re.compile(r"(?<!log_)softmax|flex|attention|fmha|sdpa", re.I)  # an attention kernel's name
 # Each part imports the project (transformers and all) itself: without CUDA the script stops first.
 
 
@@ -92,34 +112,97 @@ def widths(quick: bool) -> dict:
     return QUICK["widths"] if quick else {}
 
 
+# ----------------------------------------------------------------------------- probe
+
+def probe(device, quick: bool, out: Path, keep):
+    data, lines = {}, []
+    for layers in (2, 8):
+        data[layers] = figures = compile_probe(layers, device, quick)
+        attention = ", ".join(f"{name[:60]} ×{count:g} ({us:.0f} µs)" for name, count, us in figures["attention"])
+        lines += [(f"probe, {layers} layers: compile s, graphs; recompiles, s of a second call (other buckets)",
+                   f"{figures['compile_s']:.1f}, {figures['graphs']}; {figures['recompiles']}, "
+                   f"{figures['second_s']:.1f}"),
+                  (f"probe, {layers} layers: attention's kernels a step (µs a step)", attention or "none found")]
+        keep(data, lines)
+    return data, lines
+
+
+def compile_probe(layers: int, device, quick: bool) -> dict:
+    """The engine's compile on the inference copy of `layers` of the shape's layers, fp32 under bf16
+    autocast (probe): seconds and graphs of the first call's, graphs a second call in other buckets
+    compiled (recompiles) and its seconds, and the attention kernels of a step: [(name, a step, µs)]."""
+    from decode_bound import build_model, random_prompts, sync
+    from engine import Engine
+    from rollout import Sampling, sample
+    lm, config = build_model(SHAPE, layers, device, **widths(quick))
+    tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # no row stops
+    mode = "auto" if device.type == "cuda" else "eager"  # auto: inductor with CUDA graphs; eager: dynamo alone
+    prompt, longest = 120, 16  # the second call's context crosses BLOCK = 128 columns: two column buckets
+    Engine.of(lm, mode).reserve(8, prompt + longest)  # both calls fit: the slab never grows (a recompile)
+
+    def call(rows: int, new: int) -> float:  # greedy: a sampled draw's softmax would count as attention's
+        t0 = sync(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            sample(lm, tok, random_prompts(rows, prompt, config.vocab_size),
+                   Sampling(0.0, max_new_tokens=new, engine="fast", engine_compile=mode))
+        return sync(device) - t0
+    graphs, seconds = Engine.compiles, Engine.compile_seconds
+    call(8, 8)
+    first, compile_s = Engine.compiles, Engine.compile_seconds
+    second_s = call(3, longest)  # rows bucket 4, views of 128 and 256 columns
+    kernels = step_kernels(lambda n: call(8, n), 8, device, top=0)
+    return dict(compile_s=compile_s - seconds, graphs=first - graphs, recompiles=Engine.compiles - first,
+                second_s=second_s, attention=[(name, count, kernels["micros"][name])
+                                              for name, count in kernels["counts"] if ATTENTION.search(name)])
+
+
 # ----------------------------------------------------------------------------- train, lora
 
-def train_run(name: str, extra: list[str], quick: bool, out: Path) -> tuple[dict, list]:
-    """3 steps of the recipe with `extra` train.py flags, measured against the plan (summary)."""
+def train_run(name: str, extra: list[str], quick: bool, out: Path, cap: float, kept) -> tuple[dict, list]:
+    """3 steps of the recipe with `extra` train.py flags, measured against the plan (summary), each
+    step's rollout and update seconds printed, and its (data, lines) so far handed to kept(), as it
+    ends; stopped past `cap` seconds, recorded with what it measured and the error."""
     import gpu_run
     model_dir = out.parent / f"{out.stem}-{SHAPE}{'-quick' if quick else ''}"
     if not (model_dir / "tokenizer_config.json").is_file():  # written last: a build cut short is built again
         gpu_run.build(SHAPE, model_dir, 2 if quick else 0, **widths(quick))
     flags = gpu_run.recipe_flags(model_dir, 3, 16 if quick else 256, 2 if quick else 8) + RECIPE + extra
-    run = out.parent / f"{out.stem}-{name}"
+    run, rows, error, plan = out.parent / f"{out.stem}-{name}", [], None, gpu_run.plan_peaks(flags)
     shutil.rmtree(run, ignore_errors=True)
-    steps = gpu_run.train(flags, run)
-    shutil.rmtree(run)  # its end-of-run checkpoint: ~21 GB for the full 1.5B (fp32 weights + AdamW)
-    data = summary(steps, gpu_run.plan_peaks(flags))
-    return data, summary_lines(name, data)
+
+    def ended(row):
+        rows.append(row)
+        kept(summary(rows, plan), summary_lines(name, summary(rows, plan)))
+        compiled = row.get("time/engine_compile")
+        print(f"gpu_check train {name}, step {row['step']}: rollout {row['time/rollout']:.1f} s, update "
+              f"{row['time/update']:.1f} s{'' if compiled is None else f', compiling so far {compiled:.1f} s'}",
+              flush=True)
+    try:
+        gpu_run.train(flags, run, 3, on_step=ended, cap=max(cap, 1))
+    except (TimeoutError, subprocess.CalledProcessError) as e:
+        error = f"{type(e).__name__}: {e}"
+    shutil.rmtree(run, ignore_errors=True)
+    data = summary(rows, plan) if rows else {}
+    lines = summary_lines(name, data) if rows else []
+    if error:
+        data["error"] = error
+        lines.append((f"{name}: failed after {len(rows)} steps", error.splitlines()[0]))
+    return data, lines
 
 
 def summary(steps: list[dict], plan: dict) -> dict:
     """A run's metrics.jsonl rows -> per step: seconds, of them compiling (time/engine_compile is cumulative),
-    the rollout's share, engine/compiles and engine/moves so far (None where train.py does not log
-    them); the mean step less its compiling over the steps after the first; each phase's peak over the
-    steps (None on CPU, which has no counter) and the plan's."""
+    rollout and update seconds, the rollout's share, engine/compiles and engine/moves so far (None where
+    train.py does not log them); the mean step less its compiling over the steps after the first; each
+    phase's peak over the steps (None on CPU, which has no counter) and the plan's."""
     step_s, compiled = [r["time/step"] for r in steps], [r.get("time/engine_compile") for r in steps]
     compile_s = [None if c is None else c - b for c, b in zip(compiled, [0.0, *compiled])]
     less = [s - (c or 0.0) for s, c in zip(step_s, compile_s)]
     peak = {p: max((r[f"memory/{p}_peak_gib"] for r in steps if f"memory/{p}_peak_gib" in r), default=None)
             for p in ("rollout", "update")}
     return dict(step_s=step_s, compile_s=compile_s, steady_s=statistics.mean(less[1:] or less),
+                rollout_s=[r["time/rollout"] for r in steps],
+                update_s=[r["time/step"] - r["time/rollout"] for r in steps],  # train.py's time/update
                 push_s=[r.get("time/weight_push") for r in steps],
                 compiles=[r.get("engine/compiles") for r in steps], moves=[r.get("engine/moves") for r in steps],
                 rollout_share=[r["time/rollout"] / r["time/step"] for r in steps], peak_gib=peak, plan_gib=plan)
@@ -140,14 +223,39 @@ def summary_lines(name: str, s: dict) -> list[tuple[str, str]]:
 
 def train(device, quick: bool, out: Path, keep):
     data, lines = {}, []
-    for name in ("hf", "fast"):
-        data[name], more = train_run(name, ["--engine", name], quick, out)
+    for name in ("hf", "fast"):  # hf first: the baseline, had fast's steps stalled as on 2026-11-28
+        cap = END - time.monotonic() - 5  # fast: the rest of the part
+        data[name], more = train_run(name, ["--engine", name], quick, out, min(HF_CAP, cap) if name == "hf" else cap,
+                                     lambda d, ls: keep({**data, name: d}, lines + ls))
         lines += more
         keep(data, lines)
+    lines += decision(data["hf"], data["fast"])
+    failed = [name for name in ("hf", "fast") if "error" in data[name]]
+    if failed:
+        keep(data, lines)
+        raise RuntimeError(f"train {', '.join(failed)} stopped: {'; '.join(data[n]['error'] for n in failed)}")
     data["fast_over_hf"] = data["fast"]["steady_s"] / data["hf"]["steady_s"]
-    lines.append(("fast / hf: step s less compiling, mean of steps 2-3",
-                  f"{data['fast']['steady_s']:.1f} / {data['hf']['steady_s']:.1f} = {data['fast_over_hf']:.2f}"))
     return data, lines
+
+
+def decision(hf: dict, fast: dict) -> list[tuple[str, str]]:
+    """The table that decides `--engine auto` on CUDA: each step of both engines, and fast's step less
+    compiling over hf's, steps 2-3 (train's FSDP, bf16, the 1.5B shape)."""
+    lines = []
+    for i in range(max(len(hf.get("step_s", [])), len(fast.get("step_s", [])))):
+        cells = []
+        for name, s in (("hf", hf), ("fast", fast)):
+            if i < len(s.get("step_s", [])):
+                compiling = "" if s["compile_s"][i] is None else f", compiling {s['compile_s'][i]:.1f}"
+                cells.append(f"{name} {s['step_s'][i]:.1f} (rollout {s['rollout_s'][i]:.1f}, update "
+                             f"{s['update_s'][i]:.1f}{compiling})")
+        lines.append((f"step {i + 1}: s (rollout, update)", "; ".join(cells)))
+    if len(hf.get("step_s", [])) == len(fast.get("step_s", [])) == 3:
+        ratio = fast["steady_s"] / hf["steady_s"]
+        lines += [("fast / hf: step s less compiling, mean of steps 2-3",
+                   f"{fast['steady_s']:.1f} / {hf['steady_s']:.1f} = {ratio:.2f}"),
+                  ("--engine auto on CUDA, by these steps", "fast (the engine)" if ratio < 1 else "hf (generate)")]
+    return lines
 
 
 def vllm(device, quick: bool, out: Path, keep):
@@ -155,42 +263,55 @@ def vllm(device, quick: bool, out: Path, keep):
     import importlib.util
     if importlib.util.find_spec("vllm") is None:
         return dict(skipped=True), [("skipped", "vllm is not importable here (pip install vllm)")]
-    data, lines = train_run("vllm", ["--engine", "vllm"], quick, out)
-    lines.append(("vllm: weight push s, each step", ", ".join(f"{t:.2f}" for t in data["push_s"])))
+    data, lines = train_run("vllm", ["--engine", "vllm"], quick, out, END - time.monotonic() - 5,
+                            lambda d, ls: keep(dict(vllm=d), ls))
+    if "push_s" in data:
+        lines.append(("vllm: weight push s, each step", ", ".join(f"{t:.2f}" for t in data["push_s"])))
     earlier = json.loads(out.read_text())["parts"].get("train", {}) if out.is_file() else {}
     for name in ("fast", "hf"):
-        if "steady_s" in earlier.get(name, {}):
+        if "steady_s" in earlier.get(name, {}) and "steady_s" in data:
             lines.append((f"vllm / {name}: step s less compiling, mean of steps 2-3",
                           f"{data['steady_s']:.1f} / {earlier[name]['steady_s']:.1f} = "
                           f"{data['steady_s'] / earlier[name]['steady_s']:.2f}"))
-    return dict(vllm=data), lines
+    return finished(dict(vllm=data), lines, data, keep)
 
 
 def lora(device, quick: bool, out: Path, keep):
     flags = ["--lora-rank", "32", "--rollout-batch-size", "256", "--engine", "fast"]
-    data, lines = train_run("lora", flags, quick, out)
-    return dict(lora=data), lines
+    data, lines = train_run("lora", flags, quick, out, END - time.monotonic() - 5, lambda d, ls: keep(dict(lora=d), ls))
+    return finished(dict(lora=data), lines, data, keep)
+
+
+def finished(data: dict, lines: list, run: dict, keep) -> tuple[dict, list]:
+    """A part's (data, lines), or, when its train.py run stopped, kept and raised (the part failed)."""
+    if "error" in run:
+        keep(data, lines)
+        raise RuntimeError(run["error"])
+    return data, lines
 
 
 # ----------------------------------------------------------------------------- decode
 
 def decode(device, quick: bool, out: Path, keep):
-    from decode_bound import build_model, cell, parse_args, run
-    sizes = "--quick" if quick else "--batch 64 128 256 --prompt 128 --new 64 --repeats 1"
+    from decode_bound import ENGINES, build_model, cell, parse_args, run
+    sizes = "--quick" if quick else "--regime bound --batch 64 256 --prompt 128 --new 64 --repeats 1"
     args = parse_args(["--device", device.type, *sizes.split()])
     if device.type == "cpu":
         torch.set_num_threads(1)  # as decode_bound.py runs on CPU
     lm, config = build_model(args.shape, args.layers, device, **args.widths)
     data, lines = dict(rows=[], engines={}), []
 
-    def after(regime, rows):  # the regime's engine is still the one compiled
+    def measured(regime, rows):  # a batch's rows, kept at once: a part cut at its cap keeps them
         data["rows"] = rows
-        figures = data["engines"][regime.name] = engine_figures(regime, args, config.vocab_size, device)
         lines.extend((f"{r['regime']}, batch {r['batch']}, {r['engine']}",
                       f"too short to time (mean length {r['length_mean']:.1f})" if r["decode_s"] is None else
                       f"{r['roofline']:.1%} of the roofline, {r['fraction']:.1%} of the bandwidth bound, "
                       f"{r['tokens_s']:,.0f} tok/s, ×{cell(r['vs_hf'], '.2f')} hf, "
-                      f"mean length {r['length_mean']:.0f}, compiles {r['compiles']}") for r in rows if r["regime"] == regime.name)
+                      f"mean length {r['length_mean']:.0f}, compiles {r['compiles']}") for r in rows[-len(ENGINES):])
+        keep(data, lines)
+
+    def after(regime, rows):  # the regime's engine is still the one compiled
+        figures = data["engines"][regime.name] = engine_figures(regime, args, config.vocab_size, device)
         lines.append((f"{regime.name}: engine calls that found the slab at a new address",
                       f"{figures['moves']} of {figures['calls']}"))
         for batch, b in figures["batches"].items():
@@ -204,7 +325,7 @@ def decode(device, quick: bool, out: Path, keep):
                               + ", ".join(f"{n[:40]} {us:.0f} µs" for n, us in b["longest"])))
         keep(data, lines)
 
-    run(lm, config, device, args, after=after)  # prints its own table as it goes
+    run(lm, config, device, args, after=after, measured=measured)  # prints its own table as it goes
     return data, lines
 
 
@@ -233,23 +354,27 @@ def engine_figures(regime, args, vocab: int, device) -> dict:
 def step_kernels(call, new: int, device, top: int = 5) -> dict:
     """A decode step's kernels: profiles of call(new) and call(1) (the same prefill and first draw),
     subtracted, over the new − 1 steps. On CUDA the device's kernels (a CUDA graph's replay shows each
-    of its kernels), on CPU the outermost ops. -> kernels and kernel ms a step, the `top` most run
-    [(name, count a step)] and the `top` longest [(name, µs a step)]."""
+    of its kernels), on CPU the outermost ops (a compiled step's: those its region runs). -> kernels
+    and kernel ms a step, the `top` most run [(name, count a step)] and the `top` longest [(name, µs a
+    step)], and every kernel's count (most run first) and µs a step (counts, micros)."""
     from torch.profiler import ProfilerActivity, profile
     count, micros = Counter(), Counter()
     for n, sign in ((new, 1), (1, -1)):
         with profile(activities=[ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU]) as prof:
             call(n)
         for e in prof.events():
+            outermost = e.cpu_parent is None or e.cpu_parent.name.startswith(COMPILED)
             kernel = (e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
-                      if device.type == "cuda" else e.cpu_parent is None)
+                      if device.type == "cuda" else outermost and not e.name.startswith(COMPILED))
             if kernel:
                 count[e.name] += sign
                 micros[e.name] += sign * e.time_range.elapsed_us()
     steps = new - 1
     return dict(kernels_per_step=sum(count.values()) / steps, kernel_ms_per_step=sum(micros.values()) / steps / 1e3,
                 most_run=[(k, c / steps) for k, c in count.most_common(top)],
-                longest=[(k, us / steps) for k, us in micros.most_common(top)])
+                longest=[(k, us / steps) for k, us in micros.most_common(top)],
+                counts=[(k, c / steps) for k, c in count.most_common() if c > 0],
+                micros={k: us / steps for k, us in micros.items()})
 
 
 # ----------------------------------------------------------------------------- agree
@@ -357,21 +482,19 @@ def rng(device, quick: bool, out: Path, keep):
 
 # ----------------------------------------------------------------------------- the parts, each in a process
 
-# name: (part, its cap in seconds, which is an estimate for one H100: no part in this form has run on a
-# GPU yet). The basis, the engine's first GPU run (docs/measured.md: one H200, every part in one
-# process): agree 41 s, rng 12 s, decode 233 s with two 28-layer compiles, train's fast pass 141 s for
-# 3 steps, 90 s of them compiling; plus ~10 s a process for its imports, ~20 s for a 1.5B end-of-run
-# checkpoint, and HF generate at 30-45 ms a token (README's H100 figures). decode and lora compile the
-# step that train compiled: inductor's on-disk cache is assumed to leave ~25 s of each (dynamo's trace).
+# name: (part, its cap in seconds, from what an H200 took (docs/measured.md) with margin). A part's
+# process, its imports and a model build take 10-20 s before anything is measured (rng alone: 37 s wall
+# on 2026-11-28, against a cap of 20 then). The parts after train get what WINDOW leaves.
 PARTS = {
-    "train": (train, 230),  # build 15; hf: start 15, 3 × 12, save 20; fast: 15, compile 80, 3 steps 25, 20
-    "decode": (decode, 120),  # start 10, 2 compiles 50, hf 2 regimes × 3 batches × 2 calls × 64 tokens 27,
-    # fast 5, the extra and profiled calls 10
-    "agree": (agree, 45),  # start 10, 2 compiles of 4 layers 30, 4 × 64 greedy steps
-    "rng": (rng, 20),  # start 10, a 2-layer compile, 2 × 64 steps
-    "lora": (lora, 50),  # start 15, a compile 25, 3 steps of 64 rows, a small save
-    "vllm": (vllm, 150),  # where vllm is installed (else a line, at once): start 15, vLLM's start 60, 3 steps, save 20
+    "probe": (probe, 90),  # start 15; compiles of 2 and 8 layers: 28 took 90 s in train on 2026-11-26
+    "train": (train, 300),  # build 15; hf 115 (HF_CAP); fast: start 15, 3 steps in 141 s on 2026-11-26, 90 compiling
+    "decode": (decode, 120),  # both regimes at 3 batches took 233 s (2026-11-26); one regime at 2 batches
+    "agree": (agree, 60),  # 41 s (2026-11-26)
+    "rng": (rng, 50),  # 37 s alone (2026-11-28)
+    "lora": (lora, 200),  # 133 s with generate (2026-11-26), plus the engine's compile
+    "vllm": (vllm, 150),  # where vllm is installed (else a line, at once): start 15, vLLM's start 60, 3 steps
 }
+DEFAULT = ("probe", "train", "decode", "agree")  # what a window is for, most valuable first
 
 
 def part_file(out: Path, name: str) -> Path:
@@ -379,10 +502,15 @@ def part_file(out: Path, name: str) -> Path:
     return out.with_name(f"{out.stem}-{name}.part.json")
 
 
-def run_part(name: str, device, quick: bool, out: Path) -> None:
-    """The child's side: one part, whose (data, lines) are written to part_file each time it keeps them
-    and at its end; on an error, with the error, and the status is 1."""
+def run_part(name: str, device, quick: bool, out: Path, cap: float) -> None:
+    """The child's side: one part, within `cap` seconds of this process's start (END), whose (data,
+    lines) are written to part_file each time it keeps them and at its end; on an error, with the
+    error, and the status is 1. A few seconds before its cap, every thread's stack goes to stderr."""
+    global END
     from parallel import teardown
+    END = START + cap
+    if END < math.inf:  # a part run alone (--part, no --cap) has none
+        faulthandler.dump_traceback_later(max(END - time.monotonic() - 3, 1), exit=False)
     path, kept = part_file(out, name), [{}, []]
 
     def keep(data: dict, lines: list) -> None:
@@ -397,13 +525,14 @@ def run_part(name: str, device, quick: bool, out: Path) -> None:
         keep(dict(kept[0], error=error), kept[1] + [("failed", error.splitlines()[0])])
         sys.exit(1)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         teardown()  # the process group the FSDP parts started
 
 
 def run_child(name: str, args, cap: float) -> tuple[dict, list, int | None]:
     """Run one part in a child process for at most `cap` seconds. -> what it kept (data, lines) and its
     exit status, None when it was stopped at its cap."""
-    argv = [sys.executable, __file__, "--part", name, "--device", args.device, "--out", args.out]
+    argv = [sys.executable, __file__, "--part", name, "--cap", f"{cap:.1f}", "--device", args.device, "--out", args.out]
     path = part_file(Path(args.out), name)
     path.unlink(missing_ok=True)
     child = subprocess.Popen(argv + ["--quick"] * args.quick, start_new_session=True)  # a process group of its own
@@ -420,34 +549,42 @@ def run_child(name: str, args, cap: float) -> tuple[dict, list, int | None]:
     return got["data"], [tuple(line) for line in got["lines"]], status
 
 
+def names(text: str, option: str) -> list[str]:
+    """Part names from a comma-separated --parts or --skip, checked."""
+    chosen = [n for n in text.split(",") if n]
+    if set(chosen) - set(PARTS):
+        sys.exit(f"gpu_check: {option} {','.join(sorted(set(chosen) - set(PARTS)))}: the parts are {', '.join(PARTS)}")
+    return chosen
+
+
 def parse_caps(text: str) -> dict:
     try:
         caps = {name: float(seconds) for name, seconds in (pair.split("=") for pair in text.split(",") if pair)}
     except ValueError:
         sys.exit(f"gpu_check: --caps {text}: give NAME=SECONDS pairs separated by commas, e.g. decode=300")
-    if caps.keys() - PARTS.keys():
-        sys.exit(f"gpu_check: --caps {','.join(sorted(caps.keys() - PARTS.keys()))}: the parts are {', '.join(PARTS)}")
+    names(",".join(caps), "--caps")
     return caps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu_check.json")
-    parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {', '.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(PARTS)}")
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out of --parts")
     parser.add_argument("--caps", default="", help="NAME=SECONDS,...: parts' caps other than PARTS' (decode=300)")
+    parser.add_argument("--window", type=float, default=WINDOW, help="seconds by which every part has ended")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child process's one part
+    parser.add_argument("--cap", type=float, default=math.inf, help=argparse.SUPPRESS)  # ... and its seconds
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): run it on a machine with one")
     out = Path(args.out)
     if args.part:
-        return run_part(args.part, device, args.quick, out)
-    skip, caps = {s for s in args.skip.split(",") if s}, parse_caps(args.caps)
-    if skip - set(PARTS):
-        sys.exit(f"gpu_check: --skip {','.join(sorted(skip - set(PARTS)))}: the parts are {', '.join(PARTS)}")
+        return run_part(args.part, device, args.quick, out, args.cap)
+    chosen, skip, caps = set(names(args.parts, "--parts")), set(names(args.skip, "--skip")), parse_caps(args.caps)
     # a SIGTERM (`timeout`'s) leaves through run_child's `finally`, which stops the running part's processes
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -455,22 +592,28 @@ def main() -> None:
                   torch=torch.__version__, quick=args.quick, parts={})
     table, failed, end = [], False, START
     for name, (_, estimate) in PARTS.items():
-        if name in skip:
+        if name not in chosen - skip:
             continue
         end += caps.get(name, estimate)  # this part's end: what earlier parts left, and its own cap
         t0 = time.monotonic()
-        data, lines, status = run_child(name, args, end - t0)
+        left = START + args.window - t0
+        if left < LEAST:
+            report["parts"][name] = dict(not_run=True, window_left_s=left)
+            table.append((name, "not run", f"{max(left, 0):.0f} s of the window left, under {LEAST}"))
+            continue
+        cap = min(end - t0, left)
+        data, lines, status = run_child(name, args, cap)
         if status is None:
             data["timed_out"] = True
-            lines.append(("timed out", f"stopped after {end - t0:.0f} s; above, what it had kept"))
+            lines.append(("timed out", f"stopped after {cap:.0f} s; above, what it had kept"))
         elif status and "error" not in data:
             data["error"] = f"exit status {status}"
             lines.append(("failed", data["error"]))
         failed |= status != 0
         seconds = time.monotonic() - t0
-        report["parts"][name] = dict(data, seconds=seconds, estimate_s=estimate, cap_s=end - t0)
+        report["parts"][name] = dict(data, seconds=seconds, estimate_s=estimate, cap_s=cap)
         table += [(name, what, value) for what, value in lines]
-        table.append((name, "seconds (estimate, cap)", f"{seconds:.0f} ({estimate}, {end - t0:.0f})"))
+        table.append((name, "seconds (estimate, cap)", f"{seconds:.0f} ({estimate:g}, {cap:.0f})"))
         out.write_text(json.dumps(report, indent=1))
     print(f"\n{report['device']}, torch {report['torch']}{' (--quick)' if args.quick else ''}; wrote {out}")
     print("| part | measure | value |\n|---|---|---|")

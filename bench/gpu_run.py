@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -55,10 +57,37 @@ def recipe_flags(model_dir: Path, steps: int, max_new_tokens: int, prompts: int)
             "--gradient-checkpointing", "true", "--parallel", "fsdp", "--lr", "1e-6"]
 
 
-def train(flags: list[str], run: Path) -> list[dict]:
-    """Run train.py with `flags` into the folder `run`; -> its metrics.jsonl rows, one per step."""
-    subprocess.run([sys.executable, "train.py", *flags, "--out", str(run)], cwd=ROOT, check=True)
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+def train(flags: list[str], run: Path, steps: int, on_step=None, cap: float | None = None) -> list[dict]:
+    """Run train.py with `flags` into the folder `run` until step `steps` is logged; -> its
+    metrics.jsonl rows, one per step, on_step(row) called as each is written. The run is stopped
+    there, before its end-of-run checkpoint: a 1.5B model's fp32 weights and AdamW state are ~21 GB,
+    whose writing took the rest of a GPU window on 2026-11-28. Past `cap` seconds, train.py (run
+    with -X faulthandler) gets SIGABRT, on which it prints every thread's stack, the line it stalled
+    on, and TimeoutError is raised."""
+    command = [sys.executable, "-X", "faulthandler", "train.py", *flags, "--out", str(run)]
+    proc, rows, metrics = subprocess.Popen(command, cwd=ROOT), [], run / "metrics.jsonl"
+    deadline = None if cap is None else time.monotonic() + cap
+    try:
+        while len(rows) < steps:
+            ended = proc.poll() is not None
+            written = metrics.read_text().split("\n")[:-1] if metrics.is_file() else []  # whole lines only
+            for line in written[len(rows):]:
+                rows.append(json.loads(line))
+                if on_step:
+                    on_step(rows[-1])
+            if ended and len(rows) < steps:
+                raise subprocess.CalledProcessError(proc.returncode, command)
+            if deadline is not None and time.monotonic() > deadline:
+                proc.send_signal(signal.SIGABRT)
+                proc.wait()
+                raise TimeoutError(f"train.py {' '.join(flags)}: {len(rows)} of {steps} steps within its cap of "
+                                   f"{cap:.0f} s (its stack above)")
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return rows
 
 
 def plan_peaks(flags: list[str]) -> dict:
@@ -83,7 +112,7 @@ def main() -> None:
     if not (model_dir / "config.json").is_file():
         build(args.shape, model_dir)
     flags = recipe_flags(model_dir, args.steps, args.max_new_tokens, args.prompts) + args.train_flags
-    rows = train(flags, run)
+    rows = train(flags, run, args.steps)
     print(f"\n{args.shape}: {args.prompts} prompts × 8, {args.max_new_tokens}-token budget, bf16, FSDP")
     print("| step | rollout s | generated tok/s | update s | trained tok/s | rollout share | rollout peak GiB | "
           "update peak GiB |")

@@ -370,8 +370,8 @@ def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[l
     """(the engine's KV slab, what else it keeps) from its first call on (engine.py). The slab is
     sized before the first call for the largest generate call (rollout.reserve: `seqs` rows of
     prompt + max_new_tokens columns; a Markovian round's context is q + C too; on CUDA rows rounded
-    up to a power of two and columns to a multiple of engine.BLOCK) and kept all run, so that a
-    recorded CUDA graph replays at the same addresses, unless --engine-release gives it back after
+    up to a power of two and columns to a multiple of engine.BLOCK plus one spare: engine.graph_columns)
+    and kept all run, so that a recorded CUDA graph replays at the same addresses, unless --engine-release gives it back after
     each call. Kept: the output buffers, the inference copy of the weights in the compute dtype
     when it has one (under FSDP it replaces the gathered decoder layers during a rollout, and stays
     through the update), and on CUDA the graph pool (one step's temporaries)."""

@@ -75,6 +75,24 @@ def test_train_summary_tells_compiling_apart():
     assert old["compile_s"] == [None] * 3 and old["compiles"] == [None] * 3 and old["steady_s"] == 12.5
 
 
+def test_the_auto_decision_reads_steps_2_and_3():
+    """gpu_check.decision: a line a step with both engines, then fast's steady step over hf's and what
+    --engine auto on CUDA would pick; a pass cut short gives its steps and no verdict."""
+    from gpu_check import decision, summary
+    def steps(*pairs, **compiling):  # (rollout, update) a step; the engine logs its cumulative compiling
+        return [{"time/step": r + u, "time/rollout": r, "time/update": u, **compiling} for r, u in pairs]
+    hf = summary(steps((34.0, 9.0), (13.0, 5.0), (12.0, 5.0)), {})
+    fast = summary(steps((70.0, 9.0), (3.0, 5.0), (3.0, 5.0), **{"time/engine_compile": 60.0}), {})
+    lines = dict(decision(hf, fast))
+    assert lines["fast / hf: step s less compiling, mean of steps 2-3"] == "8.0 / 17.5 = 0.46"
+    assert lines["step 1: s (rollout, update)"] == ("hf 43.0 (rollout 34.0, update 9.0); "
+                                                     "fast 79.0 (rollout 70.0, update 9.0, compiling 60.0)")
+    assert lines["--engine auto on CUDA, by these steps"] == "fast (the engine)"
+    assert dict(decision(fast, hf))["--engine auto on CUDA, by these steps"] == "hf (generate)"
+    cut = dict(decision(hf, summary(steps((70.0, 9.0), **{"time/engine_compile": 60.0}), {})))
+    assert len(cut) == 3 and "--engine auto on CUDA, by these steps" not in cut
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 def test_decode_bound_quick_measures_both_regimes():
@@ -111,11 +129,11 @@ def test_gpu_check_without_cuda_says_so_in_one_line():
     assert out.stdout == ""
 
 
-def quick_check(tmp_path, skip: str) -> dict:
-    """`gpu_check.py --device cpu --quick --skip SKIP`, which must pass: its parts' report, each part within
+def quick_check(tmp_path, parts: str) -> dict:
+    """`gpu_check.py --device cpu --quick --parts PARTS`, which must pass: its parts' report, each part within
     its cap, and the printed table one row group a part, in the report's order."""
     report_path = tmp_path / "check.json"
-    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", skip, "--out", str(report_path))
+    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--parts", parts, "--out", str(report_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     parts = json.loads(report_path.read_text())["parts"]
     assert all(p["seconds"] <= p["cap_s"] and "timed_out" not in p for p in parts.values())
@@ -129,8 +147,12 @@ def quick_check(tmp_path, skip: str) -> dict:
 def test_gpu_check_quick_on_cpu(tmp_path):
     # train is lora's code path twice (--engine fast, hf), and its own arithmetic is tested above;
     # lora, which needs peft, is the next test's
-    parts = quick_check(tmp_path, "train,lora,vllm")
-    assert list(parts) == ["decode", "agree", "rng"]  # by value: train, decode, agree, rng, lora, vllm
+    parts = quick_check(tmp_path, "rng,agree,decode,probe")
+    assert list(parts) == ["probe", "decode", "agree", "rng"]  # PARTS' order, whatever --parts' order
+    for layers in (2, 8):  # the traced step on the copy: one graph, none more in other buckets; a softmax a layer
+        probe = parts["probe"][str(layers)]
+        assert probe["graphs"] == 1 and probe["recompiles"] == 0, layers
+        assert [(name, count) for name, count, _ in probe["attention"]] == [("aten::softmax", layers)]
     decode = parts["decode"]
     assert [(r["regime"], r["batch"]) for r in decode["rows"]] == [
         (regime, b) for regime in ("bound", "training") for b in (4, 8) for _ in "ef"]
@@ -153,7 +175,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 @pytest.mark.extended
 @pytest.mark.needs("peft")
 def test_gpu_check_quick_lora_on_cpu(tmp_path):
-    parts = quick_check(tmp_path, "train,decode,agree,rng,vllm")
+    parts = quick_check(tmp_path, "lora")
     assert list(parts) == ["lora"]
     lora = parts["lora"]["lora"]
     assert len(lora["step_s"]) == len(lora["compile_s"]) == 3 and lora["plan_gib"]["update"] > 0
@@ -163,7 +185,7 @@ def test_gpu_check_quick_lora_on_cpu(tmp_path):
 @pytest.mark.extended
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed: the part would run")
 def test_gpu_check_vllm_part_says_in_a_line_that_vllm_is_missing(tmp_path):
-    parts = quick_check(tmp_path, "train,decode,agree,rng,lora")
+    parts = quick_check(tmp_path, "vllm")
     assert list(parts) == ["vllm"] and parts["vllm"]["skipped"] and parts["vllm"]["seconds"] < 60
 
 
@@ -171,7 +193,7 @@ def test_gpu_check_vllm_part_says_in_a_line_that_vllm_is_missing(tmp_path):
 @pytest.mark.extended
 def test_gpu_check_stops_a_part_at_its_cap_and_runs_the_next(tmp_path):
     report_path = tmp_path / "check.json"
-    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--skip", "train,agree,lora,vllm",
+    out = run("bench/gpu_check.py", "--device", "cpu", "--quick", "--parts", "decode,rng",
               "--caps", "decode=1,rng=300", "--out", str(report_path))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     parts = json.loads(report_path.read_text())["parts"]
