@@ -1,22 +1,31 @@
 """What counts as the same math answer: the rules a data file's responses are graded by, in front of
-HF math-verify (docs/math.md, "Grading math answers", gives each rule with its source).
+HF math-verify (docs/math.md, "Grading math answers", gives each rule with its source; docs/data-and-eval.md
+what differs from the bare library, and why).
 
-- The answer: the response's last \\boxed{} (several, where the gold has several parts), else GSM8K's
+- The answer: the response's last \\boxed{} (several, where the gold has several parts) unless a
+  statement of the final answer follows it ("Final Answer: The final answer is $x$"), else GSM8K's
   "#### x", an <answer> tag, the last final-answer statement ("A:", "Answer:", "The answer is"), a
   closing **x**, what math-verify finds in the tail, the last number that stands alone (never digits
   inside a word: "H2O").
-- A gold of several parts needs every part, in any order, each matched once (OlympiadBench).
+- A gold of several parts needs every part, in any order, each matched once (OlympiadBench); a
+  response without boxes or a final answer is read whole, against the parts as one set.
 - A gold written as a list without boxes ("(2, 2), (6, 2)", "\\{1, 2, 3\\}") reads the response's
-  closing run of boxes as one answer, "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}";
-  a box that text separates from the run is a step, never a part.
+  closing run of boxes as one answer, "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}", labels
+  within one sentence included ("$y_1 = \\boxed{...}$ and $y_2 = \\boxed{...}$", the assignment kept);
+  a box that a sentence's end or a step word ("so", "wait", "actually") separates from the run is a
+  step, never a part: a self-correction's first try is not paid.
 - A lone number whose comma cannot group thousands ("1,22", "0,5") also reads as a decimal (1.22);
   three digits after a comma of a number of up to three digits group thousands ("1,000" is 1000).
 - Times of day are compared as times, not ratios ("4:30 p.m." is not 2/15).
 - A letter the gold uses as a variable is never dropped as a unit ("4t" is not "4"); units stay
-  droppable where the gold is a number or a quantity ("10 cm" is 10).
+  droppable where the gold is a number or a quantity ("10 cm" is 10). Euler's number written
+  upright, "\\mathrm{e}", is e.
 - `precheck`: plain arithmetic whose value cannot be close to the gold, or cannot be computed in
   bounded time (a huge factorial, an exponent tower, hundreds of nested fractions), scores 0 here
   exactly, without the library, so such an answer never holds a worker until its timeout.
+- Every other answer is graded within MATH_CPU_SECONDS of its worker's CPU time, or scores 0 as a
+  timeout there (an expression whose size explodes under sympy: (x+1)^{1000}, a power tower against
+  an integral, \\binom{10^9}{5 \\cdot 10^8}).
 
 grading/pool.py's MathGrader runs this module as its worker (with --math-worker): the parent sends
 `math_request`s, found here in bounded time, and the worker judges them with math-verify. The
@@ -47,19 +56,19 @@ class AnswerTooLong(ValueError):
     """A final answer longer than math_answers.MATH_ANSWER_CHARS: not a sane answer, scored 0 without parsing."""
 
 
-def last_boxed(text: str, max_chars: int | None = None) -> str | None:
-    """Content of the last \\boxed{...} or \\fbox{...}, with nested braces, as MATH solutions write
-    them: "\\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}"; the brace-less "\\boxed 5" -> "5"; None when
-    there is none or it is unclosed. Given max_chars, at most max_chars + 2 characters after the
-    macro are read, and a box that does not end within them raises AnswerTooLong."""
+def last_box(text: str, max_chars: int | None = None) -> tuple[str, int] | None:
+    """(content, the index just past it) of the last \\boxed{...} or \\fbox{...}, with nested braces,
+    as MATH solutions write them: "so \\boxed{\\frac{1}{2}}." -> ("\\frac{1}{2}", 22); the brace-less
+    "\\boxed 5" -> ("5", 8); None when there is none or it is unclosed. Given max_chars, at most
+    max_chars + 2 characters after the macro are read, and a box that does not end within them
+    raises AnswerTooLong."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    box = _box_at(text, start, max_chars) if start >= 0 else None
-    return None if box is None else box[0]
+    return _box_at(text, start, max_chars) if start >= 0 else None
 
 
 def _box_at(text: str, start: int, max_chars: int | None) -> tuple[str, int] | None:
     """(content, the index just past the box) of the \\boxed or \\fbox macro at `start`, as
-    last_boxed reads it; None when it is unclosed."""
+    last_box reads it; None when it is unclosed."""
     i = start + (6 if text.startswith("\\boxed", start) else 5)  # after "\\boxed" / "\\fbox"
     end = len(text) if max_chars is None else min(len(text), i + max_chars + 2)  # + the braces
     if not text.startswith("{", i):
@@ -77,20 +86,38 @@ def _box_at(text: str, start: int, max_chars: int | None) -> tuple[str, int] | N
     return None
 
 
-# What may stand between the boxes of one answer: spaces, commas, "and", "or" -- the joins across which
-# math-verify's own parser reads several boxed answers as one set (parser.py, `next_groups`) -- and
-# what only lays them out: math delimiters ($, \( \), \[ \]) and LaTeX spacing (\quad, \qquad, \, \; ~)
+# What may stand between the boxes of one answer, whatever its length: spaces, commas, "and", "or" --
+# the joins across which math-verify's own parser reads several boxed answers as one set (parser.py,
+# `next_groups`) -- and what only lays them out: math delimiters ($, \( \), \[ \]) and LaTeX spacing
+# (\quad, \qquad, \, \; ~)
 _BOX_GAP = re.compile(r"(?:\s|\$|,|~|\\[()\[\],;:! ]|\\q?quad(?![A-Za-z])|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b)*")
+# Words between two boxes, within one sentence, may label them ("\\boxed{(3, 3)} for part (a) and
+# \\boxed{(1, 1)}", "$y_1 = \\boxed{...}$ and $y_2 = \\boxed{...}$"), as math-verify's own rule has it
+# (latex2sympy2_extended, extract_boxed_content: boxes under 10 characters apart, or under 70 with
+# "and", "or", "," or ";" between, are one answer); but a sentence's end or a word that moves on from
+# a box or takes it back ("so", "then", "wait", "actually", "not" ...) makes the box before it a step,
+# so that a self-correction's first try is never a part of the answer
+_LABEL_CHARS, _NEAR_CHARS = 70, 10
+_SEPARATOR = re.compile(r"\b(?:and|or)\b|[,;]")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|\$|\\[)\]]|\Z)|\n\s*\n")
+_STEP_WORD = re.compile(r"(?i)\b(?:so|thus|hence|therefore|then|gives?|giving|yields?|implies|means|gets?|"
+                        r"wait|actually|no|not|rather|instead|but|however|oops|sorry|hmm+|wrong|mistakes?|"
+                        r"correct\w*|\w*check\w*|again|try|trying|retry)\b|\\(?:to|iff|\w*rightarrow)\b")
+# an assignment that labels the box after it, "y_2 = ", "\\alpha_{1} = ": kept with a list's parts
+_BOX_LABEL = re.compile(r"(?<![\w\\])((?:\\[A-Za-z]+|[A-Za-z])(?:_\{?\w+\}?)?)\s*=\s*(?:\$|\\[(\[])?\s*\Z")
 
 
-def last_boxes(text: str, max_chars: int | None = None, most: int | None = None, joined: bool = True) -> list[str]:
-    """Contents of the last box (as last_boxed reads it) and of the boxes before it, in order,
-    at most `most`. joined: only boxes that _BOX_GAP alone separates from the next one, the parts
-    of one answer: "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "\\boxed{3} \\quad \\boxed{5}" ->
-    ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$" -> ["7"]. Not joined: any boxes, "(a) \\boxed{3}.
-    (b) \\boxed{5}" -> ["3", "5"]. [] when there is no closed last box. Only the last box raises
-    AnswerTooLong; an earlier box past max_chars, a gap past max_chars (joined), or a box that
-    encloses the box after it, ends the list."""
+def last_boxes(text: str, max_chars: int | None = None, most: int | None = None, joined: bool = True,
+               labelled: bool = False) -> list[str]:
+    """Contents of the last box (as last_box reads it) and of the boxes before it, in order,
+    at most `most`. joined: only the boxes of one answer, each joined to the next by _joins:
+    "so $\\boxed{3}$ and $\\boxed{5}$." -> ["3", "5"]; "\\boxed{3} \\text{ for (a) and } \\boxed{5}"
+    -> ["3", "5"]; "$\\fbox{5}$ then $\\fbox{7}$" -> ["7"]; "\\boxed{5}. Wait: \\boxed{7}" -> ["7"].
+    Not joined: any boxes, "(a) \\boxed{3}. (b) \\boxed{5}" -> ["3", "5"]. labelled: a box that an
+    assignment labels (_BOX_LABEL) keeps it: "$x_1 = \\boxed{3}$, $x_2 = \\boxed{5}$" -> ["x_1 = 3",
+    "x_2 = 5"]. [] when there is no closed last box. Only the last box raises AnswerTooLong; an
+    earlier box past max_chars, a gap past max_chars (joined), or a box that encloses the box after
+    it, ends the list."""
     found: list[str] = []
     stop = len(text)
     while most is None or len(found) < most:
@@ -103,15 +130,24 @@ def last_boxes(text: str, max_chars: int | None = None, most: int | None = None,
             box = None
         if box is None or box[1] > stop or (found and joined and not _joins(text, box[1], stop, max_chars)):
             break
-        found.insert(0, box[0])
+        label = _BOX_LABEL.search(text, max(0, start - _LABEL_CHARS), start) if labelled else None
+        found.insert(0, f"{label.group(1)} = {box[0]}" if label and "=" not in box[0] else box[0])
         stop = start
     return found
 
 
 def _joins(text: str, end: int, start: int, max_chars: int | None) -> bool:
-    """Whether text[end:start], between two boxes, is only _BOX_GAP, at most max_chars long: a
-    megabyte of spaces between two boxes is read as text, in bounded time."""
-    return (max_chars is None or start - end <= max_chars) and _BOX_GAP.fullmatch(text, end, start) is not None
+    """Whether text[end:start], between two boxes, joins them into one answer: only _BOX_GAP, at
+    most max_chars long (a megabyte of spaces between two boxes is read as text, in bounded time),
+    or words within one sentence, as math-verify joins them, none of them a _STEP_WORD:
+    " \\text{ for part (a) and } " and "$ and $y_2 = " join; ". Then " and " so " do not."""
+    if max_chars is not None and start - end > max_chars:
+        return False
+    if _BOX_GAP.fullmatch(text, end, start):
+        return True
+    gap = text[end:start]
+    return (len(gap) < _LABEL_CHARS and (len(gap) < _NEAR_CHARS or _SEPARATOR.search(gap) is not None)
+            and not _SENTENCE_END.search(gap) and not _STEP_WORD.search(gap))
 
 
 # a comma between a digit and three more that end a number: a thousands separator, not a list's comma
@@ -204,9 +240,9 @@ def stated_answer(text: str) -> tuple[str, str] | None:
 def gold_answer(raw: str) -> str:
     """The gold answer from an answer/solution field, by the first rule that applies: GSM8K's
     "...#### 72" -> "72"; the boxes of a MATH solution, "... \\boxed{3}" -> "3", the last box alone
-    when text other than _BOX_GAP stands before it (Hendrycks' last_boxed_only_string: earlier boxes
-    are steps), all of them, kept boxed, when they are the parts of one answer: "roots $\\boxed{3}$
-    and $\\boxed{5}$" -> "\\boxed{3} \\boxed{5}" (answer_parts reads them back); a final-answer
+    when a sentence's end or a step word stands before it (_joins; Hendrycks' last_boxed_only_string:
+    earlier boxes are steps), all of them, kept boxed, when they are the parts of one answer: "roots
+    $\\boxed{3}$ and $\\boxed{5}$" -> "\\boxed{3} \\boxed{5}" (answer_parts reads them back); a final-answer
     statement (stated_answer: "A: 55", "Answer: 55", "The answer is 55"); else the field, stripped.
     A gold field's trailing **bold** is not read: in a written solution it is emphasis."""
     if "####" in raw:
@@ -229,35 +265,86 @@ _NUMBER = re.compile(r"(?<!\w)(?<!\d\.)-?\d[\d,]*(?:\.\d+)?(?!\w)")
 _BOLD = re.compile(r"\*\*([^*\n]+)\*\*[\s.!]*\Z")  # a closing "**55**."
 
 
+# The most CPU time a worker spends on one answer before it scores 0 as a timeout (_within_cpu):
+# an answer whose comparison explodes (a power of a sum expanded, (x+1)^{1000}: 5 s; a power tower
+# against an integral: 4 s; \binom{10^9}{5 \cdot 10^8}: unbounded) ends here, in the worker, instead
+# of at the parent's --grade-timeout and a worker restart. On this CPU the slowest answer of the
+# suite's fixtures takes at most 0.3 s, of math-verify's own test triples 0.55-0.84 s (a wrong one; the
+# next 0.25 s); the worst pairing of a multi-part gold, ten polynomials answered in reverse order (55
+# comparisons), 0.9 s: a gold of that many symbolic parts may time out.
+MATH_CPU_SECONDS = 0.9
+
+
+class _OverCPU(BaseException):
+    """An answer's grading passed MATH_CPU_SECONDS. A BaseException, as math-verify's own
+    TimeoutException is, so that no `except Exception` in sympy or the library swallows it."""
+
+
 def _math_worker() -> None:
-    """The child side of MathGrader: `math_request` JSON lines in, Verdict JSON lines out."""
+    """The child side of MathGrader: `math_request` JSON lines in, Verdict JSON lines out; each
+    answer graded within MATH_CPU_SECONDS (_within_cpu), or scored 0 as a "timeout"."""
     import logging
+    import signal
 
     import math_verify
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
-    _math_verdict(math_verify, "\\boxed{1}", None, "1")  # a first grading is slow: no answer's fault
+    signal.signal(signal.SIGPROF, _on_cpu_limit)
+    # a first grading is slow, and so are the first simplification and the first relation (sympy imports
+    # modules on first use: 0.2-0.4 s each, halved for what follows): no answer's fault, nor its CPU time
+    for gold, response in (("1", "\\boxed{1}"), ("x^2-1", "\\boxed{(x-1)(x+1)}"),
+                           ("1 \\le x \\le 2", "\\boxed{x \\in [1, 2]}")):
+        _math_verdict(math_verify, **math_request(response, gold))
     print(json.dumps("ready"), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            reward, answer = _math_verdict(math_verify, **request)
+            reward, answer = _within_cpu(MATH_CPU_SECONDS, _math_verdict, math_verify, **request)
             reply = {"reward": reward, "answer": answer, "failure": ""}
+        except _OverCPU:
+            reply = {"reward": 0.0, "answer": None, "failure": "timeout"}
         except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
             reply = {"reward": 0.0, "answer": None, "failure": "error"}
         print(json.dumps(reply), flush=True)
 
 
+_cpu_limited = False  # whether a SIGPROF now ends the grading (_within_cpu arms it)
+
+
+def _on_cpu_limit(signum, frame) -> None:
+    if _cpu_limited:
+        raise _OverCPU
+
+
+def _within_cpu(seconds: float, fn, *args, **kwargs):
+    """fn(*args, **kwargs), raising _OverCPU once this process has spent `seconds` of CPU time on
+    it (SIGPROF, which a worker routes to _on_cpu_limit; math-verify's own timeout interrupts sympy
+    the same way, by a signal, on wall time). The signal repeats every 0.05 s until fn ends, in case
+    a bare `except:` in sympy swallows one; when fn ends the flag goes down first, so that a signal
+    still pending then does nothing. CPU time, not wall time: a verdict does not depend on how
+    loaded the machine is."""
+    import signal
+    global _cpu_limited
+    _cpu_limited = True
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.05)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _cpu_limited = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
+
+
 def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | tuple = (),
                   run: list | tuple = ()) -> tuple[float, str | None]:
     """(reward, normalised answer): a gold of several parts (answer_parts) against the
-    response's `parts`, else the gold against the response's answer region, else its last number,
-    the gold read as written and, failing that, with a decimal comma (decimal_reading). Against a
-    gold written as a list (listed_parts) the region is the response's closing `run` of boxes as
-    one box, which math-verify reads as a set: ["(2, 2)", "(6, 2)"] -> "\\boxed{(2, 2), (6, 2)}"; a
-    run of more than MATH_ANSWER_CHARS in all is not joined. mv is the math_verify module."""
+    response's `parts` (none: its region, _parts_verdict), else the gold against the response's
+    answer region, else its last number, the gold read as written and, failing that, with a
+    decimal comma (decimal_reading). Against a gold written as a list (listed_parts) the region is
+    the response's closing `run` of boxes as one box, which math-verify reads as a set: ["(2, 2)",
+    "(6, 2)"] -> "\\boxed{(2, 2), (6, 2)}"; a run of more than MATH_ANSWER_CHARS in all is not
+    joined. mv is the math_verify module."""
     golds = answer_parts(gold)
     if len(golds) > 1:
-        return _parts_verdict(mv, golds, parts)
+        return _parts_verdict(mv, golds, parts, region)
     joined = ", ".join(run)
     if len(run) > 1 and len(joined) <= MATH_ANSWER_CHARS and len(listed_parts(gold)) > 1:
         region = "\\boxed{" + joined + "}"
@@ -266,13 +353,19 @@ def _math_verdict(mv, region: str, number: str | None, gold: str, parts: list | 
     return _judge(mv, decimal, region, number) if decimal and not verdict[0] else verdict
 
 
+# Euler's number written upright (ISO 80000-2), "\\mathrm{e}": latex2sympy reads it as a word, and a
+# formula around it not at all ("1 - \\frac{1}{\\mathrm{e}}" parses as 1, so that 1 + 1/e matched it)
+_UPRIGHT_E = re.compile(r"\\mathrm\s*\{\s*e\s*\}")
+
+
 def _judge(mv, gold: str, region: str, number: str | None = None) -> tuple[float, str | None]:
     """(reward, normalised answer) of one gold answer against an answer region (else a number),
     read as the gold asks: against a time of day, the region's last time of day (clock_time; the
     library would read "4:30" as the ratio 2/15); against a gold that writes a letter as a
     variable (uses_variables), math-verify without its unit dropping, which reads the letters
-    t, s, m, h, c ... after a number as units ("4t" as 4); else math-verify as configured upstream.
-    A gold the library cannot read is compared as text."""
+    t, s, m, h, c ... after a number as units ("4t" as 4); else math-verify as configured upstream,
+    on both sides with an upright e as e (_UPRIGHT_E). A gold the library cannot read is compared
+    as text."""
     clock = clock_time(gold, whole=True)
     if clock is not None:
         said = clock_time(region)
@@ -283,7 +376,7 @@ def _judge(mv, gold: str, region: str, number: str | None = None) -> tuple[float
     configs = [latex, mv.ExprExtractionConfig()]
 
     def parse(text: str) -> list:
-        return mv.parse(text, extraction_config=configs, parsing_timeout=None)
+        return mv.parse(_UPRIGHT_E.sub("e", text), extraction_config=configs, parsing_timeout=None)
 
     gold_parsed = parse("\\boxed{" + gold + "}")  # gold first: math-verify treats it as the reference
     pred = parse(region) or (parse(number) if number else [])
@@ -295,13 +388,17 @@ def _judge(mv, gold: str, region: str, number: str | None = None) -> tuple[float
     return float(mv.verify(gold_parsed, pred, timeout_seconds=None)), answer
 
 
-def _parts_verdict(mv, golds: list[str], parts: list[str]) -> tuple[float, str | None]:
+def _parts_verdict(mv, golds: list[str], parts: list[str], region: str) -> tuple[float, str | None]:
     """Every part of a multi-part gold against its own part of the response, in any order, as
     OlympiadBench's judge (eval/auto_scoring_judge.py) pairs answer lists: the same number of
     parts, each gold part taking the first unpaired response part equal to it (_judge). The
     response's parts are read from its last boxes back, each split by split_parts, until
     there are as many as the gold's: "\\boxed{3} and \\boxed{5}" or "\\boxed{5, 3}" against
-    ["3", "5"] -> 1; "\\boxed{5}" -> 0 (a part missing). The answer, for maj@n, is the parts sorted."""
+    ["3", "5"] -> 1; "\\boxed{5}" -> 0 (a part missing). A response without boxes or a final
+    answer gives no parts: the gold's parts, as one set, are read against its region as
+    math-verify reads them, "$${3, 5}$$" -> 1. The answer, for maj@n, is the parts sorted."""
+    if not parts:
+        return _judge(mv, ", ".join(golds), region)
     said: list[str] = []
     for box in reversed(parts):
         if len(said) >= len(golds):
@@ -323,30 +420,41 @@ def math_request(response: str, gold: str) -> dict:
     """What a math worker is sent of a response (calculator annotations removed): its answer
     region, its last MAX_PARTS boxes (or its final answer) for a multi-part gold, and the last
     number of its tail for when the region holds no answer math-verify can read, and its closing
-    run of boxes (last_boxes, joined: text between boxes makes the earlier ones steps) for a gold
-    written as a list: "Trying \\boxed{(2, 2)}. So \\boxed{(2, 2)} \\quad \\text{and} \\quad
-    \\boxed{(6, 2)}" -> parts ["(2, 2)", "(2, 2)", "(6, 2)"], run ["(2, 2)", "(6, 2)"]."""
+    run of boxes (last_boxes, joined and labelled: a sentence's end or a step word between boxes
+    makes the earlier ones steps) for a gold written as a list: "Trying \\boxed{(2, 2)}. So
+    \\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}" -> parts ["(2, 2)", "(2, 2)",
+    "(6, 2)"], run ["(2, 2)", "(6, 2)"]. A final-answer statement after the last box is the
+    answer, and stands for the boxes (_final_answer)."""
     response = CALCULATOR_ANNOTATION.sub("", response)
     region, answer = _final_answer(response)
-    boxes = last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS, joined=False)
+    stated_last = not region.startswith("\\boxed{")  # no box, or a final answer stated after the last
+    boxes = [] if stated_last else last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS, joined=False)
     numbers = _NUMBER.findall(_tail(response, MATH_ANSWER_CHARS))
     return {"region": region, "gold": gold, "number": numbers[-1].replace(",", "") if numbers else None,
             "parts": boxes or ([answer] if answer else []),
-            "run": last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS)}
+            "run": [] if stated_last else last_boxes(response, MATH_ANSWER_CHARS, MAX_PARTS, labelled=True)}
+
+
+_FINAL_ANSWER = re.compile(r"(?i)\bfinal answer\b")
 
 
 def _final_answer(response: str) -> tuple[str, str | None]:
     """(the region math-verify reads, the final answer as written, or None) by the first
     convention the response follows: its last \\boxed{} (alone: math-verify would join "\\boxed{5},
-    ... \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0); the line after
-    GSM8K's "####"; an <answer> tag's content; a final-answer statement (stated_answer,
-    whose line is the region, so that math-verify's own "answer" anchors read "The answer is 54,
-    not 53" as 54); a closing **bold** span (math-verify's own number patterns accept ** around
-    a number); else the end of the text, at most about MATH_ANSWER_CHARS, with no final answer as
-    such. Found in linear time; a box, line or tag longer than MATH_ANSWER_CHARS raises AnswerTooLong."""
-    boxed = last_boxed(response, MATH_ANSWER_CHARS)
-    if boxed is not None:
-        return "\\boxed{" + boxed + "}", boxed
+    ... \\boxed{7}" into the set {5, 7}, and a self-corrected trace would score 0), unless a
+    statement of the final answer ("Final Answer: The final answer is $x$", Minerva's) follows it,
+    which is the later answer: the box was a step; the line after GSM8K's "####"; an <answer>
+    tag's content; a final-answer statement (stated_answer, whose line is the region, so that
+    math-verify's own "answer" anchors read "The answer is 54, not 53" as 54); a closing **bold**
+    span (math-verify's own number patterns accept ** around a number); else the end of the text,
+    at most about MATH_ANSWER_CHARS, with no final answer as such. Found in linear time; a box,
+    line or tag longer than MATH_ANSWER_CHARS raises AnswerTooLong."""
+    box = last_box(response, MATH_ANSWER_CHARS)
+    if box is not None:
+        later = stated_answer(response[max(box[1], len(response) - MATH_ANSWER_CHARS):])  # read in the tail
+        if later is not None and _FINAL_ANSWER.search(later[0]):
+            return _short(later[0]), later[1]
+        return "\\boxed{" + box[0] + "}", box[0]
     hashes = response.rfind("####")
     if hashes >= 0:
         line = _short(response[hashes + 4:].strip().partition("\n")[0])

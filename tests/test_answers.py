@@ -140,13 +140,26 @@ def test_last_boxes():
     assert last_boxes("\\boxed{1} so \\boxed{2}") == ["2"]
     assert last_boxes("\\boxed{1} so \\boxed{2}", joined=False) == ["1", "2"]
     assert last_boxes("\\boxed{1} \\boxed{2} \\boxed{3}", most=2) == ["2", "3"]
-    assert last_boxes("\\boxed{\\boxed{5}}") == ["5"]  # an enclosing box ends the list, as last_boxed reads it
-    assert last_boxes("\\boxed{5} \\boxed{6") == []  # the last box unclosed: no boxes, as last_boxed
-    # LaTeX spacing and math delimiters only lay the parts out; a label is text
+    assert last_boxes("\\boxed{\\boxed{5}}") == ["5"]  # an enclosing box ends the list, as last_box reads it
+    assert last_boxes("\\boxed{5} \\boxed{6") == []  # the last box unclosed: no boxes, as last_box
+    # LaTeX spacing and math delimiters only lay the parts out
     assert last_boxes("$$\\boxed{1} \\quad \\text{and} \\quad \\boxed{2}$$") == ["1", "2"]
     assert last_boxes("\\( \\boxed{1} \\),\\;\\( \\boxed{2} \\) or~\\[\\boxed{3}\\]") == ["1", "2", "3"]
-    assert last_boxes("\\boxed{1} \\quadrilateral \\boxed{2}") == ["2"]
-    assert last_boxes("$x_1 = \\boxed{1}$, $x_2 = \\boxed{2}$") == ["2"]
+    # a label within one sentence joins, as math-verify joins boxes: under 10 characters, or under 70 with
+    # "and", "or", "," or ";"
+    assert last_boxes("$x_1 = \\boxed{1}$, $x_2 = \\boxed{2}$") == ["1", "2"]
+    assert last_boxes("\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}") == ["(3, 3)", "(1, 1)"]
+    assert last_boxes("\\boxed{1} papers and \\boxed{2} bins") == ["1", "2"]
+    assert last_boxes("\\boxed{1} \\quadrilateral \\boxed{2}") == ["2"]  # 16 characters, no "and" or comma
+    assert last_boxes("\\boxed{1} and" + " x" * 40 + " \\boxed{2}") == ["2"]  # 85 characters
+    # a sentence's end, or a word that moves on from a box or takes it back, makes it a step
+    for gap in (". ", ".", "! ", ".$ $", " and\n\nthe other ", " then ", ", no wait, ", ", actually ",
+                " and, checking, ", " \\implies ", " \\Rightarrow y = ", " and not "):
+        assert last_boxes(f"\\boxed{{1}}{gap}\\boxed{{2}}") == ["2"], gap
+    # labelled: an assignment before a box stays with it; a box that holds one keeps its own
+    labelled = "$y_1 = \\boxed{x + 1}$ and $\\alpha_{2} = \\boxed{3}$, $\\boxed{k = 4}$"
+    assert last_boxes(labelled, labelled=True) == ["y_1 = x + 1", "\\alpha_{2} = 3", "k = 4"]
+    assert last_boxes("$2x = \\boxed{4}$, $xy = \\boxed{5}$", labelled=True) == ["4", "5"]  # not names
     spaced = "\\boxed{1}" + " " * 5000 + "\\boxed{2}"  # a gap past max_chars is text: bounded time
     assert last_boxes(spaced) == ["1", "2"] and last_boxes(spaced, max_chars=4096) == ["2"]
 

@@ -5,20 +5,25 @@ carry it. The expected verdict is decided from the grading rules (the content af
 opening tag before the last closing tag; running_sum wants `-?\\d+` equal to the sum; countdown
 wants each number used once and the target) and from the documented bounds, before running. The
 math path (FileTask, math-verify workers) has its own cases, decided from `_answer_region`'s
-rules and MATH_ANSWER_CHARS. Timing bounds are generous on purpose (1 s per response is the
-spec; built-in cases take milliseconds): run with -s to see the measured times.
+rules and MATH_ANSWER_CHARS, and expressions whose size explodes under sympy, shown ended by the
+worker's own CPU bound (the same process answers) rather than timed. Timing bounds are generous on
+purpose (1 s per response is the spec; built-in cases take milliseconds): run with -s to see the
+measured times.
 """
 import json
 import random
 import re
+import signal
 import time
 from collections import Counter
 
 import pytest
 
 import rewards
-from rewards import Problem, extract_tag, grade_batch
+from rewards import Problem, Verdict, extract_tag, grade_batch
+from grading import math_answers
 from grading.files import FileTask
+from grading.pool import MathGrader
 from tasks import CountdownTask, RunningSumTask
 
 MB = 1 << 20
@@ -250,3 +255,74 @@ def test_math_batch_of_128_worst_cases_within_the_budget(math_task):
     assert seconds <= 8.0  # the spec: 5 s
     after = grade_batch(math_task, [(problem, "\\boxed{54}"), (problem, "#### 53")])
     assert [(v.reward, v.failure) for v in after] == [(1.0, ""), (0.0, "")]
+
+
+# ----------------------------------------------------------------------------- expressions whose size explodes
+
+INTEGRAL = "\\int_{0}^{1} \\frac{\\ln x}{1-x}\\,dx"  # -pi^2/6; sympy spends seconds comparing anything with it
+# (id, response, gold): before the worker's own CPU bound each took sympy from 2 s to past the 10 s
+# --grade-timeout on this machine (docs/data-and-eval.md); the pre-check reads none of them (not plain arithmetic)
+EXPLODING = [
+    ("power_tower_vs_integral", "\\boxed{x^{x^{x^{x^x}}}}", INTEGRAL),
+    ("exp_tower_vs_integral", "\\boxed{e^{e^{e^{e^{e^x}}}}}", INTEGRAL),
+    ("power_of_a_sum", "\\boxed{(x+1)^{1000}}", "x^2+2x+1"),
+    ("power_of_three_terms", "\\boxed{(x+y+z)^{60}}", "54"),
+    ("huge_power_of_a_sum", "\\boxed{(x+1)^{10^{10}}}", "54"),
+    ("huge_binomial", "\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "54"),
+    ("huge_product", "\\boxed{\\prod_{k=1}^{10^{9}} k}", "54"),
+    ("huge_gamma", "\\boxed{\\Gamma(10^{100})}", "54"),
+]
+
+
+@pytest.fixture(scope="module")
+def patient_grader():
+    """One real worker whose parent waits a minute before it kills it: a verdict that comes back from
+    the same process was ended by the worker's own bound, math_answers.MATH_CPU_SECONDS."""
+    grader = MathGrader(timeout=60.0)
+    yield grader
+    grader.close()
+
+
+@pytest.mark.parametrize("case_id,response,gold", EXPLODING, ids=[c[0] for c in EXPLODING])
+def test_an_exploding_answer_ends_at_the_workers_own_bound(patient_grader, case_id, response, gold):
+    patient_grader("\\boxed{1}", "1")  # the worker starts outside the timed part
+    pid = patient_grader._proc.pid
+    start = time.perf_counter()
+    verdict = patient_grader(response, gold)
+    print(f"\n{case_id:28s} {(time.perf_counter() - start) * 1000:7.1f} ms {verdict.failure}")
+    assert verdict.reward == 0.0 and verdict.failure in ("", "timeout"), verdict
+    assert patient_grader._proc is not None and patient_grader._proc.pid == pid  # it answered; never killed
+    assert patient_grader("\\boxed{-\\frac{\\pi^2}{6}}", "-\\frac{\\pi^{2}}{6}") == Verdict(1.0, "-1*pi**2/6")
+
+
+def _spin(cpu_seconds: float) -> None:
+    """Burn CPU time, at most cpu_seconds: a bound that fails lets the test fail, not hang."""
+    end = time.process_time() + cpu_seconds
+    while time.process_time() < end:
+        pass
+
+
+def _swallow_once() -> None:
+    try:
+        _spin(30.0)
+    except BaseException:  # noqa: BLE001 - a bare `except:` in library code, which the repeated signal outlasts
+        pass
+    _spin(30.0)
+
+
+def test_the_cpu_bound_ends_a_computation_and_disarms():
+    """_within_cpu raises _OverCPU once its CPU time is spent, even past an `except:` that swallows
+    the first signal, and leaves no timer armed; what ends in time returns its value."""
+    previous = signal.signal(signal.SIGPROF, math_answers._on_cpu_limit)
+    try:
+        for work in (lambda: _spin(30.0), _swallow_once):
+            with pytest.raises(math_answers._OverCPU):
+                math_answers._within_cpu(0.05, work)
+            assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+        assert math_answers._within_cpu(5.0, sum, [1, 2]) == 3
+        assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+        signal.setitimer(signal.ITIMER_PROF, 0.01)  # a signal outside a bounded call is ignored
+        _spin(0.05)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
