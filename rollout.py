@@ -11,7 +11,6 @@ inherited from the checkpoint's generation_config (model.load_model resets it).
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass, field
 
@@ -309,14 +308,16 @@ def engine_for(engine: str, device_type: str) -> str:
     return "hf" if engine == "auto" else engine
 
 
-def engine_counters(since: dict | None = None) -> dict:
-    """The engine's counts so far (engine.counters), or with `since` (those counts at a run's start) the
-    run's engine metrics (engine.run_counters); {} where the engine never loaded: a run that samples
-    with generate neither imports engine.py nor logs its zeros."""
-    engine = sys.modules.get("engine")
-    if engine is None or since == {}:
+def engine_counters(engine: str, device_type: str, since: dict | None = None) -> dict:
+    """For a run whose --engine is `engine`: the engine's counts so far (engine.counters), or with `since`
+    (those counts at the run's start) the run's engine metrics (engine.run_counters). {} for a run that
+    samples with generate (engine_for): it neither imports engine.py nor logs its zeros, whatever else
+    ran in this process before it."""
+    if engine_for(engine, device_type) != "fast":
         return {}
-    return engine.counters() if since is None else engine.run_counters(since)
+    import engine as fast
+
+    return fast.counters() if since is None else fast.run_counters(since)
 
 
 def by_engine(lm, sampling: Sampling) -> bool:

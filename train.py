@@ -613,7 +613,7 @@ def train(cfg: Config, setup: Setup) -> None:
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
     backend = start_vllm(cfg, learner, world, device) if cfg.engine == "vllm" else None  # samples instead of both
-    engine_start = engine_counters()  # what engines did before this run (another run in this process)
+    engine_start = engine_counters(cfg.engine, device.type)  # what engines did before this run (another run here)
     if cfg.eval_every and step == 0 and heldout:
         metrics = run_eval()
         logger.log(0, metrics)
@@ -638,7 +638,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0], **engine_counters(engine_start)})
+                        "lr": scheduler.get_last_lr()[0], **engine_counters(cfg.engine, device.type, engine_start)})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval())
         logger.log(step, metrics, generated[:cfg.log_samples])
