@@ -354,6 +354,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
     "env_budget": dict(at_least=0), "env_fail_fraction": dict(above=0), "env_fail_steps": dict(at_least=0),
+    "lr": dict(at_least=0), "weight_decay": dict(at_least=0),  # what AdamW refuses, said before any load
 }
 CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files (sandbox_*: --env python too)
 # A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics

@@ -9,6 +9,8 @@
     torchrun --nproc_per_node 2 eval.py ...                                 # same numbers, 2 ranks
     python eval.py --data running_sum,countdown                            # per-domain tables
     python eval.py --data code.jsonl --responses responses.jsonl           # grade given responses, no model
+    python eval.py --compare runs/eval-a runs/eval-b                       # B − A, paired over problems
+    python eval.py --compare runs/X/evals/step-0.jsonl runs/X/evals/step-150.jsonl   # a run's own evals
 
 `train.py` calls `evaluate` for its periodic eval with the settings of `config.eval_settings`, and
 this script builds the same Config (every Config field is a flag here too), so the two never
@@ -16,7 +18,10 @@ disagree. The draws do not depend on the number of ranks either: the problems ar
 batches and batch b is sampled after torch.manual_seed(seed + b), whichever rank takes it.
 
 Writes to --out: problems.jsonl (per problem: every response with its extracted answer and
-reward, pass@k, the majority answer), summary.json (metrics and settings), TensorBoard scalars.
+reward, the problem's accuracy and pass@k, the majority answer), summary.json (metrics and
+settings), TensorBoard scalars. Every accuracy, pass@k, maj@n and greedy figure comes with its
+standard error over problems (eval/accuracy_se, ...; docs/math.md §6.1), printed as "78.8% ± 1.4";
+--compare sets two evals of the same problems side by side, paired problem by problem (§6.2).
 With several --data sources every metric is also given per source, eval/<domain>/pass@1 ....
 
 --responses FILE grades responses written elsewhere instead of sampling, no model loaded (no torch
@@ -98,29 +103,74 @@ def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | N
     answer, first = majority(samples)
     return {**({"id": problem.id} if problem.id else {}), "prompt": problem.prompt, "gold": problem.answer,
             **({"domain": problem.domain} if problem.domain else {}),
-            "correct": c, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
+            "correct": c, "accuracy": c / n, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
             "majority_correct": bool(first and first["correct"]), "greedy": greedy, "samples": samples}
+
+
+def standard_error(values: list[float]) -> float | None:
+    """The standard error of the mean of per-problem values, each problem one unit whose n samples were
+    averaged first (the clustered SE, docs/math.md §6.1): sqrt(Σ (x_i − x̄)² / (P (P − 1))) over P problems;
+    None below 2 problems, where no spread can be seen. [1, 0, 1, 1] -> 0.25; [0.75, 0.25] -> 0.25."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) * (len(values) - 1)))
+
+
+def per_problem(records: list[dict], ks: list[int]) -> dict[str, list[float]]:
+    """Each problem's value of every per-problem metric, the units its mean and standard error are taken
+    over: {"accuracy": [c/n of each problem], "pass@k": [...], "maj@n": [0 or 1], "greedy": [its reward]}
+    (greedy only where it was sampled). Reads problems.jsonl's rows as eval.py writes them."""
+    n = len(records[0]["samples"])
+    values = {"accuracy": [r["correct"] / len(r["samples"]) for r in records]}
+    values.update({f"pass@{k}": [r["pass@k"][str(k)] for r in records] for k in ks})
+    values[f"maj@{n}"] = [float(r["majority_correct"]) for r in records]
+    if any(r["greedy"] is not None for r in records):
+        values["greedy"] = [float(r["greedy"]["reward"]) if r["greedy"] else 0.0 for r in records]
+    return values
 
 
 def summarize(records: list[dict], ks: list[int]) -> dict:
     """Flat eval/ metrics over problems: accuracy (avg@n: the mean over all samples of whether each
-    is correct (sample_record), = pass@1 estimated with n), pass@k, maj@n, greedy accuracy, mean length, truncation rate, the number
-    of gradings that timed out or crashed (scored 0), and the mean of each grader detail. n is
-    each problem's number of samples (maj@n is named by the first one's)."""
-    n, total = len(records[0]["samples"]), len(records)
+    is correct (sample_record), = pass@1 estimated with n), pass@k, maj@n, greedy accuracy, each with
+    its standard error over problems (eval/accuracy_se, ...: standard_error), mean length, truncation
+    rate, the number of gradings that timed out or crashed (scored 0), and the mean of each grader
+    detail. n is each problem's number of samples (maj@n is named by the first one's)."""
     samples = [s for r in records for s in r["samples"]]
-    out = {"eval/accuracy": sum(r["correct"] / len(r["samples"]) for r in records) / total}
-    out.update({f"eval/pass@{k}": sum(r["pass@k"][str(k)] for r in records) / total for k in ks})
-    out[f"eval/maj@{n}"] = sum(r["majority_correct"] for r in records) / total
     greedy = [r["greedy"] for r in records if r["greedy"] is not None]
-    if greedy:
-        out["eval/greedy"] = sum(g["reward"] for g in greedy) / total
+    out = {}
+    for name, values in per_problem(records, ks).items():
+        out[f"eval/{name}"] = sum(values) / len(records)
+        se = standard_error(values)
+        if se is not None:
+            out[f"eval/{name}_se"] = se
     if all("length" in s for s in samples):  # sampled here, not graded from --responses
         out.update({"eval/length": sum(s["length"] for s in samples) / len(samples),
                     "eval/truncated": sum(s["truncated"] for s in samples) / len(samples)})
     out["eval/grader_failures"] = float(sum(bool(s["failure"]) for s in samples + greedy))
     out.update({f"eval/{name}": v for name, v in detail_means([s.get("details", {}) for s in samples]).items()})
     return out
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    """B − A over the same problems, each problem's difference the unit (docs/math.md §6.2): the means,
+    the mean difference, its standard error from the per-problem differences, the 95% interval
+    diff ± 1.96 SE, the SE the two means' own SEs would give as if independent, and the share of the
+    variance the pairing removed, 1 − SE² / SE_unpaired². a = [1, 0, 1, 0.5], b = [1, 0.5, 1, 1] ->
+    diff 0.25, se 0.144338, interval (-0.032902, 0.532902), se_unpaired 0.270031, variance_cut 0.714286."""
+    diff = sum(b) / len(b) - sum(a) / len(a)
+    se = standard_error([y - x for x, y in zip(a, b)])
+    unpaired = math.hypot(standard_error(a), standard_error(b))
+    return {"a": sum(a) / len(a), "b": sum(b) / len(b), "diff": diff, "se": se,
+            "low": diff - 1.96 * se, "high": diff + 1.96 * se, "se_unpaired": unpaired,
+            "variance_cut": 1 - se ** 2 / unpaired ** 2 if unpaired > 0 else 0.0}
+
+
+def shown(metrics: dict, keys) -> str:
+    """The named metrics as a log line, each with its standard error where it has one:
+    "eval/accuracy 0.788 ± 0.014 eval/length 41.200"."""
+    return " ".join(f"{k} {metrics[k]:.3f}" + (f" ± {metrics[k + '_se']:.3f}" if k + "_se" in metrics else "")
+                    for k in keys if not k.endswith("_se"))
 
 
 def summarize_domains(records: list[dict], ks: list[int]) -> dict:
@@ -214,7 +264,14 @@ def parse_args(argv=None):
                         help="sequences per generate call (the draws depend on it)")
     parser.add_argument("--out", default="", help="output folder (default runs/eval-<timestamp>)")
     parser.add_argument("--step", type=int, help="TensorBoard step (default: N of a checkpoints/step-N path, else 0)")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                        help="compare two evals of the same problems, problem by problem (eval.py --out folders or "
+                             "problems .jsonl files, e.g. a run's evals/step-N.jsonl): B − A, its SE, a 95%% interval")
     args, rest = parser.parse_known_args(argv)
+    if args.compare:
+        if rest:
+            raise DataError(f"--compare reads two written evals; drop {' '.join(rest)}")
+        return args, None
     cfg = parse_config(rest, knobs=not args.responses)  # grading reads no algorithm's knob
     overrides = {} if cfg.config else {"eval_problems": 0}
     overrides.update(PRESETS[args.preset])
@@ -243,6 +300,12 @@ def main(argv=None) -> None:
         args, cfg = parse_args(argv)
     except (ValueError, RuntimeError) as e:  # a DataError; with --resume, checkpoint's CheckpointError
         sys.exit(f"error: {e}" if first else 1)
+    if args.compare:
+        try:
+            print(compared(*args.compare)[0])
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        return
     (grade_given if args.responses else sample_and_grade)(args, cfg, first)
 
 
@@ -356,6 +419,76 @@ def grade_responses(task, problems: list, responses: dict[int, list[str]], ks: l
     return summarize_domains(records, ks), records
 
 
+def read_eval(path: str) -> list[dict]:
+    """An eval's rows, one per problem: an eval.py --out folder's problems.jsonl, or a .jsonl of such rows
+    (a training run's evals/step-N.jsonl). ValueError naming the file, or what to give instead."""
+    file = Path(path)
+    if file.is_dir() and not (file / "problems.jsonl").is_file():
+        steps = sorted(int(f.stem[5:]) for f in (file / "evals").glob("step-*.jsonl")) if (file / "evals").is_dir() else []
+        raise ValueError(f"{path}: a training run; compare one of its evals, {path}/evals/step-N.jsonl (N: "
+                         f"{', '.join(map(str, steps))})" if steps else
+                         f"{path}: no problems.jsonl here; give an eval.py --out folder or a problems .jsonl file")
+    file = file / "problems.jsonl" if file.is_dir() else file
+    if not file.is_file():
+        raise ValueError(f"{path}: no such file or folder")
+    rows = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if not {"prompt", "gold", "samples", "pass@k", "majority_correct", "greedy"} <= set(row):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{file}:{number}: not a problem's row as eval.py writes them (problems.jsonl)") from None
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{file}: no problems in it")
+    return rows
+
+
+def aligned(a: list[dict], b: list[dict], names: tuple[str, str]) -> list[dict]:
+    """b's rows in a's order, each matched to a's by its problem (its id, else its prompt and gold; a
+    problem listed twice matches in turn); ValueError, with counts and an example, when the problem sets differ."""
+    def keyed(rows):
+        seen, out = Counter(), {}
+        for r in rows:
+            key = ("id", r["id"]) if "id" in r else (r["prompt"], str(r["gold"]))
+            seen[key] += 1
+            out[(key, seen[key])] = r
+        return out
+
+    ka, kb = keyed(a), keyed(b)
+    if ka.keys() != kb.keys():
+        only_a, only_b = [k for k in ka if k not in kb], [k for k in kb if k not in ka]
+        example = (only_a or only_b)[0][0]
+        raise ValueError(f"{names[0]} and {names[1]} are evals of different problems: {len(a)} and {len(b)} problems, "
+                         f"{len(only_a)} only in the first, {len(only_b)} only in the second (e.g. {example!r}); "
+                         f"a paired comparison needs the same problems: evaluate both with the same --data and --problems")
+    return [kb[k] for k in ka]
+
+
+def compared(a_path: str, b_path: str) -> tuple[str, dict]:
+    """B against A, problem by problem, for every per-problem metric both evals have: (a Markdown table,
+    {metric: paired(...)})."""
+    a, b = read_eval(a_path), read_eval(b_path)
+    b = aligned(a, b, (a_path, b_path))
+    if len(a) < 2:
+        raise ValueError(f"{a_path} and {b_path}: one problem; a standard error needs two or more")
+    va, vb = (per_problem(rows, [int(k) for k in rows[0]["pass@k"]]) for rows in (a, b))
+    results = {name: paired(va[name], vb[name]) for name in va if name in vb}
+    pct = lambda x: f"{100 * x:+.1f}"  # noqa: E731
+    lines = [f"A = {a_path}, B = {b_path}: {len(a)} problems (n = {len(a[0]['samples'])} and {len(b[0]['samples'])})",
+             "", "| metric | A | B | B − A | 95% interval | SE paired | SE unpaired | variance removed by pairing |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {100 * r['a']:.1f}% ± {100 * standard_error(va[name]):.1f} | "
+                     f"{100 * r['b']:.1f}% ± {100 * standard_error(vb[name]):.1f} | {pct(r['diff'])} | "
+                     f"[{pct(r['low'])}, {pct(r['high'])}] | {100 * r['se']:.1f} | {100 * r['se_unpaired']:.1f} | "
+                     f"{100 * r['variance_cut']:.0f}% |")
+    lines.append("\nin points of %; ± = the standard error over problems (docs/math.md §6.1-6.2); an interval "
+                 "that excludes 0 is a difference larger than these problems' and samples' noise")
+    return "\n".join(lines), results
+
+
 def writable(out: Path) -> None:
     """Create the output folder and prove it takes a file, or say why not."""
     try:
@@ -365,6 +498,17 @@ def writable(out: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"--out {out}: cannot write there ({e.strerror}); choose another folder") from None
+
+
+def write_problems(path: Path, records: list[dict]) -> None:
+    """One JSON line per problem (problem_record's), written whole to a temporary file and then renamed,
+    so that a kill never leaves a half file under the final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(partial, path)
 
 
 def write_results(out: Path, step: int, described: dict, metrics: dict, records: list[dict], heading: str) -> None:
@@ -377,9 +521,7 @@ def write_results(out: Path, step: int, described: dict, metrics: dict, records:
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    with (out / "problems.jsonl").open("w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    write_problems(out / "problems.jsonl", records)
     (out / "summary.json").write_text(json.dumps({"metrics": metrics, "settings": described}, indent=1) + "\n")
     tb = EventFileWriter(str(out))
     scalars = [Summary.Value(tag=key, simple_value=value) for key, value in metrics.items()]

@@ -606,18 +606,20 @@ def train(cfg: Config, setup: Setup) -> None:
     def sampling_weights():  # vLLM samples from its own copy: every rank pushes it the trainer's weights first
         return backend.pushed() if backend else full_weights(learner.scorer)
 
-    def run_eval():
-        from eval import evaluate  # a run with --eval-every 0 never loads the eval script
+    def run_eval(step, keys=None):  # keys: the metrics its line shows, each with its ± (None: all)
+        from eval import evaluate, shown, write_problems  # a run with --eval-every 0 never loads the eval script
         with sampling_weights(), learner.autocast():
-            return evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))[0]
+            metrics, records = evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))
+        if rank == 0:  # per problem, for eval.py --compare and extras/seeds.py
+            write_problems(out / "evals" / f"step-{step}.jsonl", records)
+        log(f"step {step} " + shown(metrics, keys or metrics))
+        return metrics
 
     reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
     backend = start_vllm(cfg, learner, world, device) if cfg.engine == "vllm" else None  # samples instead of both
     engine_start = engine_counters(cfg.engine, device.type)  # what engines did before this run (another run here)
     if cfg.eval_every and step == 0 and heldout:
-        metrics = run_eval()
-        logger.log(0, metrics)
-        log("step 0 " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        logger.log(0, run_eval(0))
 
     peak_memory(device, "set-up")  # the first rollout's peak starts here
     bar = tqdm(range(step + 1, cfg.max_steps + 1), disable=rank != 0, desc=cfg.algo, initial=step, total=cfg.max_steps)
@@ -640,12 +642,9 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
                         "lr": scheduler.get_last_lr()[0], **engine_counters(cfg.engine, device.type, engine_start)})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
-            metrics.update(run_eval())
+            metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)]))
         logger.log(step, metrics, generated[:cfg.log_samples])
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
-        if "eval/accuracy" in metrics:
-            log(f"step {step} eval/accuracy {metrics['eval/accuracy']:.3f} "
-                + " ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in cfg.eval_k))
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
             trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
                              "stream": stream.state()}

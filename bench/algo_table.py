@@ -1,66 +1,92 @@
 """Held-out pass@k before and after training, one row per algorithm, from the shipped tiny model.
 
-    python bench/algo_table.py                      # grpo rover pacs psr nsr w_reinforce, ~30 min
+    python bench/algo_table.py                      # grpo rover pacs psr nsr w_reinforce, 1 seed, ~30 min
+    python bench/algo_table.py --seeds 0,1,2 --steps 150   # 3 seeds each, the default run's budget
     python bench/algo_table.py --algos rover pacs   # a subset
     python bench/algo_table.py --lr 3e-4            # every algorithm at one learning rate
     python bench/algo_table.py --new                # the docs/math.md §7 losses (gspo ... kl_cov), ~35 min
     python bench/algo_table.py --algos grpo -- --top-entropy-quantile 0.2   # flags for every run
 
-Each algorithm runs its configs/tiny_<algo>.yaml — the default run's seed, task, batch (16 prompts
-× 8), sampling and 400 steps — on 2 ranks. Only the eval differs from that run: 16 samples per
-held-out problem at steps 0 and 400, so that pass@1, pass@4 and pass@16 are unbiased estimates
-(docs/math.md §6) from the same 200 problems × 16 samples. Eval never touches the training trajectory:
-every step reseeds from (seed, step, rank).
-Prints a Markdown table; each run's logs stay in runs/algo-table/<algo>/ (or --out DIR/<algo>/).
+Each algorithm runs its configs/tiny_<algo>.yaml — the default run's task, batch (16 prompts × 8),
+sampling and, unless --steps says otherwise, 400 steps — on 2 ranks, once per seed
+(extras/seeds.py: a finished run is kept, an unfinished one continued). Only the eval differs from
+that run: 16 samples per held-out problem at the first and last step, so that pass@1, pass@4 and
+pass@16 are unbiased estimates (docs/math.md §6) from the same 200 problems × 16 samples. Eval never
+touches the training trajectory: every step reseeds from (seed, step, rank).
+
+Each cell is the mean over seeds ± its standard error over seeds (one seed: ± the run's eval
+standard error over problems). The last column is the algorithm's pass@1 after training minus the
+first algorithm's (GRPO by default), ± the standard error of that difference (the two rows' SEs
+combined as independent: docs/math.md §6.3), marked * where the difference exceeds 1.96 of its SE.
+With 3 seeds an SE is itself rough (2 degrees of freedom): read a * as "larger than its noise by
+this estimate", not as a test. Each run's logs stay in runs/algo-table/<algo>/seed-S/ (or --out DIR/...).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import math
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from extras.seeds import over_seeds, read_rows, run_seeds  # noqa: E402
+
 KS = (1, 4, 16)
 NEW = ["gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"]  # docs/math.md §7
 
 
-def run(algo: str, out: Path, flags: list[str]) -> tuple[dict, dict, float]:
-    """(eval metrics at step 0, at the last step, wall seconds) of one training run."""
+def run(algo: str, out: Path, seeds: list[int], flags: list[str]) -> tuple[dict, dict, float]:
+    """(the first and the last eval over seeds, as extras.seeds.over_seeds gives them, wall seconds) of an
+    algorithm's runs."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py",
-                    "--config", f"configs/tiny_{algo}.yaml", "--out", str(out), "--eval-every", "400",
-                    "--eval-samples", "16", "--eval-k", ",".join(map(str, KS)), *flags],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=(out.parent / f"{algo}.log").open("w"))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in rows if "eval/pass@1" in r]
+    folders = run_seeds(seeds, out, ["--config", f"configs/tiny_{algo}.yaml", "--eval-samples", "16",
+                                     "--eval-k", ",".join(map(str, KS)), *flags], quiet=True)
+    evals = [r for r in over_seeds([read_rows(f) for f in folders]) if "eval/pass@1" in r]
     return evals[0], evals[-1], time.perf_counter() - t0
+
+
+def cell(row: dict, key: str) -> str:
+    """A metric in % with its SE over seeds, or with one seed its eval SE: "83.8 ± 0.6"."""
+    se = row.get(f"{key}_se", row.get(f"{key}_run_se"))
+    return f"{100 * row[key]:.1f}" + (f" ± {100 * se:.1f}" if se is not None else "")
+
+
+def spread(row: dict) -> float:
+    """The SE of a row's final pass@1: over seeds, or with one seed the run's eval SE."""
+    return row.get("eval/pass@1_se", row.get("eval/pass@1_run_se", math.nan))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--algos", nargs="+", default=["grpo", "rover", "pacs", "psr", "nsr", "w_reinforce"])
     parser.add_argument("--new", action="store_true", help="the docs/math.md §7 losses instead: " + " ".join(NEW))
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds, each algorithm run once per seed")
+    parser.add_argument("--steps", type=int, help="training steps of every run (default: each config's)")
     parser.add_argument("--lr", help="override every config's learning rate")
     parser.add_argument("--out", default=str(ROOT / "runs" / "algo-table"),
-                        help="folder of the runs (one per algorithm; each must not hold a run yet)")
+                        help="folder of the runs (DIR/<algo>/seed-S)")
     parser.add_argument("flags", nargs="*", help="after --, more train.py flags for every run, e.g. "
                                                  "-- --top-entropy-quantile 0.2 (named in each row)")
     args = parser.parse_args()
     if args.new:
         args.algos = NEW
-    base = Path(args.out)
-    base.mkdir(parents=True, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    steps = ["--max-steps", str(args.steps), "--eval-every", str(args.steps)] if args.steps else ["--eval-every", "400"]
+    flags = steps + (["--lr", args.lr] if args.lr else []) + args.flags
     header = " | ".join(f"pass@{k} before → after" for k in KS)
-    lines = [f"| algo | {header} | wall |", "|---" * (len(KS) + 2) + "|"]
+    lines = [f"| algo | {header} | pass@1 − {args.algos[0]} | wall |", "|---" * (len(KS) + 3) + "|"]
+    first = None
     for algo in args.algos:
-        before, after, wall = run(algo, base / algo, (["--lr", args.lr] if args.lr else []) + args.flags)
-        cells = " | ".join(f"{100 * before[f'eval/pass@{k}']:.1f} → {100 * after[f'eval/pass@{k}']:.1f}"
-                           for k in KS)
-        lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {wall / 60:.1f} min |")
+        before, after, wall = run(algo, Path(args.out) / algo, seeds, flags)
+        first = first or after
+        cells = " | ".join(f"{cell(before, f'eval/pass@{k}')} → {cell(after, f'eval/pass@{k}')}" for k in KS)
+        diff, se = after["eval/pass@1"] - first["eval/pass@1"], math.hypot(spread(after), spread(first))
+        versus = "—" if after is first else f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
+        lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {versus} | {wall / 60:.1f} min |")
         print(lines[-1], flush=True)
+    print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; * = the difference exceeds 1.96 SE")
     print("\n".join(lines))
 
 

@@ -7,7 +7,9 @@ One panel per metric, one line per run (named as given), the step on x. --keys t
 metrics.jsonl writes and wildcards (eval/pass@* is every pass@k the runs logged); the default
 draws held-out accuracy, every pass@k, the mean reward and the mean response length, and leaves out,
 saying so, what no run logged (a run with --eval-every 0 has no eval/). The format follows --out's
-suffix (.png, .svg, .pdf); a run still training is drawn as far as it got.
+suffix (.png, .svg, .pdf); a run still training is drawn as far as it got. Where a run logged a
+metric's standard error (`eval/accuracy_se`: over problems in a run, over seeds in an extras/seeds.py
+summary) its points carry a band of ±1.96 SE; wildcards leave the `_se` keys themselves out.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def chosen_keys(patterns: list[str], runs: dict[str, list[dict]]) -> list[str]:
     logged = list(dict.fromkeys(k for rows in runs.values() for row in rows for k in row if k != "step"))
     keys = []
     for pattern in patterns:
-        matched = [k for k in logged if fnmatch.fnmatchcase(k, pattern)]
+        matched = [k for k in logged if fnmatch.fnmatchcase(k, pattern)
+                   and (not k.endswith("_se") or pattern.endswith("_se"))]  # an SE is its metric's band
         if not matched:
             print(f"note: no run logged {pattern}; left out", file=sys.stderr)
         keys += [k for k in matched if k not in keys]
@@ -80,7 +83,12 @@ def draw(runs: dict[str, list[dict]], keys: list[str], out: Path, smooth: int = 
                 continue
             steps, values = zip(*points)
             if len(steps) <= 20:  # the periodic eval: each point marked, none smoothed
-                ax.plot(steps, values, label=name, lw=1.2, marker="o", ms=3)
+                line, = ax.plot(steps, values, label=name, lw=1.2, marker="o", ms=3)
+                band = [(row["step"], row[key], row[f"{key}_se"]) for row in rows if f"{key}_se" in row]
+                if band:  # the 95% interval of each point: ±1.96 standard errors (docs/math.md §6.1)
+                    at, mid, se = zip(*band)
+                    ax.fill_between(at, [m - 1.96 * e for m, e in zip(mid, se)], [m + 1.96 * e for m, e in zip(mid, se)],
+                                    color=line.get_color(), alpha=0.2, lw=0)
             elif smooth > 1:  # the raw curve faint, its trailing mean over `smooth` steps on top
                 line, = ax.plot(steps, values, lw=0.8, alpha=0.3)
                 ax.plot(steps, trailing_mean(values, smooth), color=line.get_color(), label=name, lw=1.4)

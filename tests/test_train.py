@@ -6,6 +6,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -200,6 +201,14 @@ def test_torchrun_two_processes_smoke(two_rank_runs, tmp_path):
     logged = {k: v for k, v in lines[2].items() if k.startswith("eval/")}
     assert set(logged) == set(alone)
     assert all(alone[k] == pytest.approx(logged[k], abs=1e-6) for k in logged), (alone, logged)
+    # each eval's problems as eval.py writes them: the logged SE is the spread of their accuracies (§6.1),
+    # recomputed here by numpy; and eval.py --compare pairs the run's two evals over the same problems
+    rows = [json.loads(x) for x in (out / "evals" / "step-2.jsonl").read_text().splitlines()]
+    per = np.array([r["correct"] / len(r["samples"]) for r in rows])
+    assert logged["eval/accuracy_se"] == pytest.approx(per.std(ddof=1) / np.sqrt(len(per)), abs=1e-6)
+    assert logged["eval/accuracy"] == pytest.approx(per.mean(), abs=1e-6)
+    _, pairs = evaluation.compared(str(out / "evals" / "step-0.jsonl"), str(out / "evals" / "step-2.jsonl"))
+    assert pairs["accuracy"]["diff"] == pytest.approx(lines[2]["eval/accuracy"] - lines[0]["eval/accuracy"], abs=1e-6)
 
 
 SMOKES = [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"), ("psr", "pg/loss"), ("nsr", "pg/loss"),
