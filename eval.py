@@ -485,7 +485,9 @@ def compared(a_path: str, b_path: str) -> tuple[str, dict]:
                      f"[{pct(r['low'])}, {pct(r['high'])}] | {100 * r['se']:.1f} | {100 * r['se_unpaired']:.1f} | "
                      f"{100 * r['variance_cut']:.0f}% |")
     lines.append("\nin points of %; ± = the standard error over problems (docs/math.md §6.1-6.2); an interval "
-                 "that excludes 0 is a difference larger than these problems' and samples' noise")
+                 "that excludes 0 is a difference larger than these problems' and samples' noise. Paired like this, "
+                 f"{len(a)} problems detect a true accuracy difference of {280 * results['accuracy']['se']:.1f} "
+                 "points 80% of the time at the 5% level (2.8 SE paired).")
     return "\n".join(lines), results
 
 

@@ -15,11 +15,12 @@ pass@16 are unbiased estimates (docs/math.md §6) from the same 200 problems × 
 touches the training trajectory: every step reseeds from (seed, step, rank).
 
 Each cell is the mean over seeds ± its standard error over seeds (one seed: ± the run's eval
-standard error over problems). The last column is the algorithm's pass@1 after training minus the
-first algorithm's (GRPO by default), ± the standard error of that difference (the two rows' SEs
-combined as independent: docs/math.md §6.3), marked * where the difference exceeds 1.96 of its SE.
-With 3 seeds an SE is itself rough (2 degrees of freedom): read a * as "larger than its noise by
-this estimate", not as a test. Each run's logs stay in runs/algo-table/<algo>/seed-S/ (or --out DIR/...).
+standard error over problems). The next column is the algorithm's pass@1 after training minus the
+first algorithm's (GRPO by default), ± the standard error of that difference (docs/math.md §6.3:
+the two rows' SEs over seeds, and the difference's SE over the same held-out problems, paired),
+marked * where the difference exceeds 1.96 of its SE. With 3 seeds an SE over seeds is itself rough
+(2 degrees of freedom): read a * as "larger than its noise by this estimate", not as a test. Each
+run's logs stay in runs/algo-table/<algo>/seed-S/ (or --out DIR/...).
 """
 from __future__ import annotations
 
@@ -31,20 +32,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from eval import paired, per_problem, read_eval  # noqa: E402
 from extras.seeds import over_seeds, read_rows, run_seeds  # noqa: E402
 
 KS = (1, 4, 16)
 NEW = ["gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"]  # docs/math.md §7
 
 
-def run(algo: str, out: Path, seeds: list[int], flags: list[str]) -> tuple[dict, dict, float]:
-    """(the first and the last eval over seeds, as extras.seeds.over_seeds gives them, wall seconds) of an
-    algorithm's runs."""
+def run(algo: str, out: Path, seeds: list[int], flags: list[str]) -> tuple[dict, dict, list[float], float]:
+    """(the first and the last eval over seeds, as extras.seeds.over_seeds gives them; each held-out problem's
+    pass@1 at the last eval, averaged over the seeds; wall seconds) of an algorithm's runs."""
     t0 = time.perf_counter()
     folders = run_seeds(seeds, out, ["--config", f"configs/tiny_{algo}.yaml", "--eval-samples", "16",
                                      "--eval-k", ",".join(map(str, KS)), *flags], quiet=True)
     evals = [r for r in over_seeds([read_rows(f) for f in folders]) if "eval/pass@1" in r]
-    return evals[0], evals[-1], time.perf_counter() - t0
+    runs = [per_problem(read_eval(str(f / "evals" / f"step-{evals[-1]['step']}.jsonl")), [1])["accuracy"]
+            for f in folders]
+    return evals[0], evals[-1], [sum(v) / len(v) for v in zip(*runs)], time.perf_counter() - t0
 
 
 def cell(row: dict, key: str) -> str:
@@ -53,9 +57,14 @@ def cell(row: dict, key: str) -> str:
     return f"{100 * row[key]:.1f}" + (f" ± {100 * se:.1f}" if se is not None else "")
 
 
-def spread(row: dict) -> float:
-    """The SE of a row's final pass@1: over seeds, or with one seed the run's eval SE."""
-    return row.get("eval/pass@1_se", row.get("eval/pass@1_run_se", math.nan))
+def versus(after: dict, problems: list[float], first: dict, first_problems: list[float]) -> str:
+    """An algorithm's final pass@1 minus the first's, ± the SE of that difference (docs/math.md §6.3): the
+    seeds' part of each (their SE over seeds; unknown with one seed) and the problems' part, paired over the
+    same held-out problems (each problem's pass@1 averaged over the seeds); * where |difference| > 1.96 SE."""
+    diff = after["eval/pass@1"] - first["eval/pass@1"]
+    se = math.sqrt(after.get("eval/pass@1_se", 0.0) ** 2 + first.get("eval/pass@1_se", 0.0) ** 2
+                   + paired(first_problems, problems)["se"] ** 2)
+    return f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
 
 
 def main() -> None:
@@ -79,14 +88,14 @@ def main() -> None:
     lines = [f"| algo | {header} | pass@1 − {args.algos[0]} | wall |", "|---" * (len(KS) + 3) + "|"]
     first = None
     for algo in args.algos:
-        before, after, wall = run(algo, Path(args.out) / algo, seeds, flags)
-        first = first or after
+        before, after, problems, wall = run(algo, Path(args.out) / algo, seeds, flags)
+        first = first or (after, problems)
         cells = " | ".join(f"{cell(before, f'eval/pass@{k}')} → {cell(after, f'eval/pass@{k}')}" for k in KS)
-        diff, se = after["eval/pass@1"] - first["eval/pass@1"], math.hypot(spread(after), spread(first))
-        versus = "—" if after is first else f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
-        lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {versus} | {wall / 60:.1f} min |")
+        against = "—" if after is first[0] else versus(after, problems, *first)
+        lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {against} | {wall / 60:.1f} min |")
         print(lines[-1], flush=True)
-    print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; * = the difference exceeds 1.96 SE")
+    print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; the difference ± its SE (seeds and problems, "
+          "docs/math.md §6.3); * = it exceeds 1.96 SE")
     print("\n".join(lines))
 
 

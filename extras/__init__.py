@@ -6,6 +6,7 @@
     markovian.py  Markovian thinking, the rollout's shape that writes a trace in chunks: --max-chunks I
     trackers.py   wandb and trackio beside TensorBoard: --report-to tensorboard,wandb,trackio
     plot.py       runs' metrics as a PNG or SVG: python -m extras.plot RUN [RUN ...] --out fig.svg
+    seeds.py      one config over several seeds, mean and SE over them: python -m extras.seeds --seeds 0,1,2 --out DIR
 
 The default run imports none of these.
 """
