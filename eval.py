@@ -502,6 +502,12 @@ def writable(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot write there ({e.strerror}); choose another folder") from None
 
 
+def percent(metrics: dict, key: str) -> str:
+    """A proportion in % with its standard error where the metrics have one: "78.8% ± 1.4"."""
+    se = metrics.get(f"{key}_se")
+    return f"{100 * metrics[key]:.1f}%" + (f" ± {100 * se:.1f}" if se is not None else "")
+
+
 def write_problems(path: Path, records: list[dict]) -> None:
     """One JSON line per problem (problem_record's), written whole to a temporary file and then renamed,
     so that a kill never leaves a half file under the final name."""
@@ -533,15 +539,16 @@ def write_results(out: Path, step: int, described: dict, metrics: dict, records:
     print(heading)
     print("| k | " + " | ".join(str(k) for k in ks) + " |")
     print("|---" * (len(ks) + 1) + "|")
-    print("| pass@k | " + " | ".join(f"{100 * metrics[f'eval/pass@{k}']:.1f}%" for k in ks) + " |")
-    print(" ".join(f"{key[5:]} {value:.4f}" for key, value in metrics.items()
-                   if "pass@" not in key and not key.startswith(tuple(f"eval/{d}/" for d in domains))))
+    print("| pass@k | " + " | ".join(percent(metrics, f"eval/pass@{k}") for k in ks) + " |")
+    print(" ".join(f"{key[5:]} " + (percent(metrics, key) if f"{key}_se" in metrics else f"{value:.4f}")
+                   for key, value in metrics.items() if "pass@" not in key and not key.endswith("_se")
+                   and not key.startswith(tuple(f"eval/{d}/" for d in domains))))
     if domains:
         print("\n| domain | problems | accuracy | " + " | ".join(f"pass@{k}" for k in ks) + " |")
         print("|---" * (len(ks) + 3) + "|")
         for domain, count in domains.items():
-            print(f"| {domain} | {count} | {100 * metrics[f'eval/{domain}/accuracy']:.1f}% | "
-                  + " | ".join(f"{100 * metrics[f'eval/{domain}/pass@{k}']:.1f}%" for k in ks) + " |")
+            print(f"| {domain} | {count} | {percent(metrics, f'eval/{domain}/accuracy')} | "
+                  + " | ".join(percent(metrics, f"eval/{domain}/pass@{k}") for k in ks) + " |")
     print(f"wrote {out}/problems.jsonl, summary.json and TensorBoard events")
 
 
