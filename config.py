@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from dataclasses import dataclass, field, fields
@@ -27,7 +28,7 @@ import functools
 import yaml
 
 from bounds import out_of_bounds
-from rewards import DataError, Problem
+from rewards import DataError
 from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
 TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
@@ -54,6 +55,8 @@ class RunConfig:
     sum_max_terms: int = 5  # running_sum: most integers to add
     sum_digits: int = 2  # running_sum: digits per integer
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    chat_template_kwargs: dict = field(default_factory=dict)  # more keyword arguments of the chat template, a JSON object: '{"enable_thinking": false}'
+    system_prompt: str = ""  # a system turn before every prompt (training and eval): the text, or @FILE; refused beside a data row's own
     prompt_template: str = ""  # the problem -> the user message: a paper's (pacs, rover, delethink, nsr, dr_grpo, dapo, gsm8k) or a string with {problem}; "" = as is; not code files
     code_template: str = ""  # code files: the prompt recipe (deepcoder, lcb, prime; stdin or function form by the row's tests); "" = the row's prompt as is
     sandbox: str = "auto"  # code files and --env python: how programs are isolated: auto (the strongest that works here) | bwrap | unshare | none
@@ -274,16 +277,27 @@ def config_note(cfg: RunConfig, saved: Path) -> str:
             + "\n".join("  " + line for line in yaml.safe_dump(changed, sort_keys=False).splitlines()))
 
 
+def _to_bool(s: str) -> bool:
+    if s.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+    return s.lower() in ("true", "1", "yes")
+
+
 def _parser_for(kind):
-    if kind is bool:
-        def to_bool(s: str) -> bool:
-            if s.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-            return s.lower() in ("true", "1", "yes")
-        return to_bool
-    if kind is list:
-        return lambda s: [int(x) for x in s.split(",") if x]
-    return kind
+    """The function that reads a flag of a field of this type: --plan true, --eval-k 1,4, --chat-template-kwargs '{}'."""
+    return {bool: _to_bool, list: lambda s: [int(x) for x in s.split(",") if x], dict: json_object}.get(kind, kind)
+
+
+def json_object(text: str) -> dict:
+    """A field given as a JSON object (--chat-template-kwargs): '{"enable_thinking": false}' ->
+    {"enable_thinking": False}; anything else is refused, naming the form."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}")
+    return value
 
 
 def _help(name: str, _source=Path(__file__).read_text()) -> str:
@@ -326,6 +340,8 @@ def _read_yaml(path: str, config: type) -> dict:
         kind = _kind(config, name)
         if kind is str and isinstance(value, list):  # data: [running_sum, countdown] = --data running_sum,countdown
             value = ",".join(map(str, value))
+        if isinstance(value, dict):  # chat_template_kwargs: {enable_thinking: false}, read as its JSON
+            value = json.dumps(value)
         try:
             out[name] = ([int(v) for v in value] if kind is list and isinstance(value, list)
                          else _parser_for(kind)(str(value)))
@@ -434,6 +450,9 @@ def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
          f"eval_k={cfg.eval_k}: every k must be between 1 and eval_samples={cfg.eval_samples}"),
         (not (cfg.chat_template and "<|im_start|>" in prompt_template(cfg.prompt_template or "{problem}")),
          f"--prompt-template {cfg.prompt_template} is already in the chat format: set chat_template false"),
+        (cfg.chat_template or not (cfg.system_prompt or cfg.chat_template_kwargs),
+         "--system-prompt and --chat-template-kwargs are the chat template's, and chat_template is false: "
+         "set it true, or drop them"),
         *data_checks(cfg),
     ]
 
@@ -441,11 +460,8 @@ def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
 def field_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
     """Each of the run's own fields within its BOUNDS. --grade-workers 0 -> "grade_workers=0: must
     be ≥ 1 (grading worker processes per rank, ...)"."""
-    checks = []
-    for name, bounds in BOUNDS.items():
-        problem = out_of_bounds(getattr(cfg, name), **bounds)
-        checks.append((not problem, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})"))
-    return checks
+    return [(False, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})") for name, bounds in BOUNDS.items()
+            if (problem := out_of_bounds(getattr(cfg, name), **bounds))]  # the broken ones: a message each
 
 
 def knob_checks(cfg: RunConfig, algo) -> list[tuple[bool, str]]:
@@ -617,7 +633,8 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
 
     turns = Turns(cfg.max_turns, cfg.max_observation_tokens, cfg.max_trace_tokens)
     shape = MultiTurn(environment_for(cfg.env, turns, tokenizer, cfg.chat_template, cfg.env_timeout,
-                                      (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory), cfg.env_budget), turns,
+                                      (cfg.sandbox, cfg.sandbox_timeout, cfg.sandbox_memory), cfg.env_budget,
+                                      cfg.chat_template_kwargs), turns,
                       (cfg.env_fail_fraction, cfg.env_fail_steps))
     return shape, shape
 
@@ -636,15 +653,19 @@ def eval_settings(cfg: RunConfig, shape, backend=None) -> dict:
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
                                   cfg.engine, cfg.engine_compile, backend=backend),
-                shape=shape, chat_template=cfg.chat_template, answer_after=cfg.answer_after, seed=cfg.seed + 7919)
+                shape=shape, chat_template=cfg.chat_template, chat_kwargs=cfg.chat_template_kwargs,
+                answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 
 
 def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems, tools: list[dict] | None = None) -> None:
-    """Every prompt, as the rollout encodes it (with --env's tools listed), plus max_new_tokens within
-    the model's context (model.check_context); train.py and eval.py both check before loading any weight."""
+    """Every prompt, as the rollout encodes it (its turns, --env's tools listed, --chat-template-kwargs),
+    plus max_new_tokens within the model's context (model.check_context); train.py and eval.py both check
+    before loading any weight. A keyword argument the chat template ignores is said, once."""
     from model import check_context
-    from rollout import encode_prompts
+    from rollout import encode_prompts, warn_ignored_kwargs
 
-    check_context(tokenizer, hf_config, [p.prompt for p in problems],
-                  lambda prompts: encode_prompts(tokenizer, [Problem(p, "") for p in prompts], cfg.chat_template, tools),
+    if cfg.chat_template_kwargs:
+        warn_ignored_kwargs(tokenizer, cfg.chat_template_kwargs)
+    check_context(tokenizer, hf_config, problems,
+                  lambda chosen: encode_prompts(tokenizer, chosen, cfg.chat_template, tools, cfg.chat_template_kwargs),
                   cfg.max_new_tokens)

@@ -32,8 +32,9 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
         if held_out:
             held = task.read(held_out)
         held = held[:cfg.eval_problems or None]
-        if not code_file[src]:  # a code file's recipe (--code-template) chose its prompts
-            problems, held = with_template(problems, cfg.prompt_template), with_template(held, cfg.prompt_template)
+        template = "" if code_file[src] else cfg.prompt_template  # a code file's recipe (--code-template) chose its prompts
+        problems, held = (with_template(problems, template, cfg.system_prompt),
+                          with_template(held, template, cfg.system_prompt))
         loaded[domain_name(src)] = task, problems, held
     code_files = [src for src in srcs if code_file[src]]
     python_tool = getattr(cfg, "env", "") == "python"  # its programs run in the sandbox too

@@ -185,7 +185,7 @@ def summarize_domains(records: list[dict], ks: list[int]) -> dict:
 
 def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, chat_template: bool, seed: int,
              shape=None, greedy: bool = False, batch_size: int = 256, answer_after: str = "",
-             progress: bool = False) -> tuple[dict, list[dict]]:
+             progress: bool = False, chat_kwargs: dict | None = None) -> tuple[dict, list[dict]]:
     """Sample n responses per problem (rollout.Sampling; batch_size sequences per generate call; the
     rollout's `shape`, config.rollout_shapes' second, None: plain), and one greedy response if
     asked; grade them. Returns (metrics of `summarize`, one record per problem in order), the same
@@ -206,7 +206,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
             batch = problems[start:start + per_call]
             torch.manual_seed(seed + b)
-            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools),
+            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs),
                                 group_size=n, sampling=sampling, shape=shape)
             records = graded(task, episodes, tokenizer, answer_after)
             for j in range(len(batch)):
@@ -215,7 +215,7 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
             if b % world == rank:
                 batch = problems[start:start + batch_size]
-                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools),
+                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs),
                                     group_size=1, sampling=replace(sampling, temperature=0.0), shape=shape)
                 best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:

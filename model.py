@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -92,21 +92,23 @@ def unreadable(file: Path) -> str:
         return f"{Path(file).name} is truncated or corrupt ({e})"
 
 
-def check_context(tokenizer, config, prompts: list[str], encode, new_tokens: int) -> None:
-    """Every prompt plus `new_tokens` must fit the model's context (max_position_embeddings).
-    encode(prompts) -> token id lists. A prompt is tokenized only when its UTF-8 length plus the
-    template's tokens could exceed the limit: no tokenizer makes more tokens than bytes."""
+def check_context(tokenizer, config, problems: list, encode, new_tokens: int) -> None:
+    """Every problem's prompt plus `new_tokens` must fit the model's context (max_position_embeddings).
+    encode(problems) -> token id lists. A prompt is tokenized only when the UTF-8 length of its text and
+    its turns' plus the template's tokens could exceed the limit: no tokenizer makes more tokens than bytes."""
     limit = getattr(config.get_text_config(), "max_position_embeddings", None)
-    if not limit:
+    if not limit or not problems:
         return
-    overhead = len(encode([""])[0])
-    suspects = [i for i, p in enumerate(prompts) if len(p.encode("utf-8", "replace")) + overhead + new_tokens > limit]
-    lengths = dict(zip(suspects, map(len, encode([prompts[i] for i in suspects]))))
+    overhead = len(encode([replace(problems[0], prompt="", turns=())])[0])
+    suspects = [i for i, p in enumerate(problems)
+                if len("".join([p.prompt, *(t["content"] for t in p.turns)]).encode("utf-8", "replace"))
+                + overhead + new_tokens > limit]
+    lengths = dict(zip(suspects, map(len, encode([problems[i] for i in suspects]))))
     too_long = [i for i, n in lengths.items() if n + new_tokens > limit]
     if too_long:
         i = max(too_long, key=lengths.get)
         raise ValueError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit} tokens with "
-                         f"{new_tokens} new tokens: the longest, number {i + 1} ({prompts[i][:60]!r}...), has "
+                         f"{new_tokens} new tokens: the longest, number {i + 1} ({problems[i].prompt[:60]!r}...), has "
                          f"{lengths[i]} tokens; lower max_new_tokens or drop such prompts from the data")
 
 

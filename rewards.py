@@ -49,6 +49,7 @@ class Problem:
     answer: str  # the gold answer as a string (a code problem: which row's tests, "file:line")
     domain: str = ""  # its source's name in a mixed run (--data a,b), which grades it; "" in a run of one source
     id: str = ""  # the row's own id in its data file (its id, idx or unique_id field), "" where it has none
+    turns: tuple = ()  # the chat before the prompt, {"role", "content"} each: a data row's own, or --system-prompt's
 
 
 # ----------------------------------------------------------------------------- answer tags

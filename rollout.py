@@ -79,18 +79,37 @@ class Episode:
         return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
 
-def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tools: list[dict] | None = None
-                   ) -> list[list[int]]:
+def warn_ignored_kwargs(tokenizer, chat_kwargs: dict) -> list[str]:
+    """Warns of each keyword argument the chat template renders alike with and without (a template that
+    never reads enable_thinking: ["enable_thinking"]), and returns their names. Each is tried against the
+    render of one system and one user turn with the generation prompt, the others kept as given."""
+    def render(kwargs):
+        return tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                             add_generation_prompt=True, tokenize=False, **kwargs)
+
+    given = render(chat_kwargs)
+    ignored = [name for name in chat_kwargs if render({k: v for k, v in chat_kwargs.items() if k != name}) == given]
+    for name in ignored:
+        warnings.warn(f"--chat-template-kwargs: the tokenizer's chat template ignores {name!r}", stacklevel=2)
+    return ignored
+
+
+def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tools: list[dict] | None = None,
+                   chat_kwargs: dict | None = None) -> list[list[int]]:
     """Token ids of each prompt, through the tokenizer's chat template when it has one and
-    chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model.
+    chat_template is on: "Add 1+2" -> ids of "<|user|>Add 1+2<|assistant|>" for the tiny model; the
+    problem's turns (a system turn: "<|system|>Be brief.<|user|>Add 1+2<|assistant|>") come first.
     tools: JSON schemas the template lists in the prompt (--env's tools: a built-in tool's, or those a
-    user's class declares; a template that has no tool list ignores them)."""
+    user's class declares; a template that has no tool list ignores them). chat_kwargs: more keyword
+    arguments of apply_chat_template (--chat-template-kwargs, e.g. {"enable_thinking": false})."""
     out = []
     for p in problems:
         if chat_template and tokenizer.chat_template:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tools=tools,
-                                                 add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template([*p.turns, {"role": "user", "content": p.prompt}], tools=tools,
+                                                 add_generation_prompt=True, tokenize=False, **(chat_kwargs or {}))
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        elif p.turns:  # without a template a system turn would be lost: config and data checks refuse it first
+            raise ValueError(f"a prompt with chat turns before it ({p.prompt[:40]!r}) needs the tokenizer's chat template")
         else:
             out.append(tokenizer(p.prompt)["input_ids"])
     return out

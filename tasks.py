@@ -293,12 +293,34 @@ def prompt_template(template: str) -> str:
     return text
 
 
-def with_template(problems: list[Problem], template: str) -> list[Problem]:
-    """Each problem's prompt put into the template: "{problem} Answer briefly." with "2+2?" -> "2+2? Answer briefly."."""
-    if not template:
+def with_template(problems: list[Problem], template: str, system: str = "") -> list[Problem]:
+    """Each problem's prompt put into the template: "{problem} Answer briefly." with "2+2?" -> "2+2? Answer briefly.";
+    and with `system` (--system-prompt: the text, or @FILE) a system turn before each prompt. A problem whose
+    data row has a system turn of its own is refused beside it: neither is dropped in silence."""
+    if not (template or system):
         return problems
-    text = prompt_template(template)
-    return [dataclasses.replace(p, prompt=text.replace("{problem}", p.prompt)) for p in problems]
+    if template:
+        text = prompt_template(template)
+        problems = [dataclasses.replace(p, prompt=text.replace("{problem}", p.prompt)) for p in problems]
+    if system:
+        turn = {"role": "system", "content": system_text(system)}
+        own = [p for p in problems if any(t["role"] == "system" for t in p.turns)]
+        if own:
+            raise DataError(f"--system-prompt: {len(own)} problem(s) carry their own system turn (the first: "
+                            f"{own[0].prompt[:60]!r}); drop --system-prompt to keep the data's, or take the system "
+                            f"turns out of the data to use this one")
+        problems = [dataclasses.replace(p, turns=(turn, *p.turns)) for p in problems]
+    return problems
+
+
+def system_text(system: str) -> str:
+    """--system-prompt's text: as given, or @FILE's contents ("@prompts/r1.txt"); a missing file is a DataError."""
+    if not system.startswith("@"):
+        return system
+    path = Path(system[1:])
+    if not path.is_file():
+        raise DataError(f"--system-prompt {system}: no such file {path}; give the text, or @ and a file's path")
+    return path.read_text()
 
 
 # The recipes of code RL (`--code-template NAME`): for each, the prompt of a stdin/stdout problem and

@@ -76,7 +76,7 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
         first_group = data_pos + rank * b_local  # group ids unique over the run
-        prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, shape.tools)
+        prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, shape.tools, cfg.chat_template_kwargs)
         episodes = generate(lm, tokenizer, problems, prompt_ids, group_size=cfg.group_size, sampling=sampling,
                             shape=shape, first_group=first_group, batch_size=cfg.rollout_batch_size)
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
@@ -517,8 +517,8 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
     lm = load_model(str(cfg.model if cfg.lora_rank else start or cfg.model), device=device,
                     trust_remote_code=cfg.trust_remote_code, gradient_checkpointing=cfg.gradient_checkpointing)
     # before any step: our log-probs must be the model's own (an unknown logit transform stops here)
-    check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template)[0] + [tokenizer.eos_token_id],
-                   cfg.temperature)
+    check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template,
+                                      chat_kwargs=cfg.chat_template_kwargs)[0] + [tokenizer.eos_token_id], cfg.temperature)
     adapters = None
     if cfg.lora_rank:
         from extras.lora import add_lora

@@ -203,12 +203,12 @@ class Observations:
     text is tokenised with special-token text split (a program printing "<|im_end|>" writes
     characters, not a turn boundary); the frame's special tokens are the template's own."""
 
-    def __init__(self, tokenizer, chat_template: bool):
-        self.tokenizer, self.frame = tokenizer, None
+    def __init__(self, tokenizer, chat_template: bool, chat_kwargs: dict | None = None):
+        self.tokenizer, self.frame, self.chat_kwargs = tokenizer, None, chat_kwargs or {}
         # sessions answer from threads (environments/rollout.py's answers); a tokenizer is not thread-safe
         self.lock = threading.Lock()
         if chat_template and tokenizer.chat_template:
-            self.frame = tool_frame(tokenizer)
+            self.frame = tool_frame(tokenizer, 1, self.chat_kwargs)
             if self.frame is None:
                 warnings.warn("--env: the chat template renders no tool message; observations are appended as "
                               "plain text in the tool's own frame")
@@ -227,7 +227,7 @@ class Observations:
                 frame = (plain[0][written:], *[plain[1] + plain[0]] * (len(texts) - 1), plain[1])
             else:
                 if len(texts) not in self.frames:
-                    self.frames[len(texts)] = tool_frame(self.tokenizer, len(texts))
+                    self.frames[len(texts)] = tool_frame(self.tokenizer, len(texts), self.chat_kwargs)
                 frame = self.frames[len(texts)]
                 if frame is None:  # a template that renders one tool message but not several in a row
                     texts, frame = ["\n\n".join(texts)], self.frame
@@ -245,19 +245,20 @@ class Observations:
 TURN, TOOL = "SENTINELTURN7f3a", "SENTINELTOOL9c2b"  # plain letters: a template that escapes (tojson) keeps them
 
 
-def tool_frame(tokenizer, n: int = 1) -> tuple[str, ...] | None:
+def tool_frame(tokenizer, n: int = 1, chat_kwargs: dict | None = None) -> tuple[str, ...] | None:
     """The text the chat template puts around n tool messages in a row after an assistant turn ends,
     up to the next assistant header: n + 1 pieces (before the first message, between each two, after
     the last); None when the template has no tool role. Read off one render of user, assistant, n
     tool messages and the generation prompt (a template may render a last assistant turn
     differently, as Qwen3's does, or group a run of tool messages into one turn, as Qwen2.5's does).
     The tiny model's template: ("<|tool|>", "<|assistant|>"); n = 2: ("<|tool|>", "<|tool|>",
-    "<|assistant|>") (its assistant turn ends with <eos>, the token the model wrote)."""
+    "<|assistant|>") (its assistant turn ends with <eos>, the token the model wrote). chat_kwargs: the run's
+    --chat-template-kwargs, so that a turn's generation prompt is the first one's (Qwen3's enable_thinking)."""
     tools = [f"{TOOL}{i}x" for i in range(n)]  # the x ends each: none is a part of another
     chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": TURN},
             *({"role": "tool", "content": tool} for tool in tools)]
     try:
-        framed = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        framed = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **(chat_kwargs or {}))
     except Exception:  # noqa: BLE001 - a template that refuses the tool role has none
         return None
     at = [framed.find(sentinel) for sentinel in (TURN, *tools)]
@@ -300,13 +301,13 @@ class Environments:
 
 
 def environment_for(spec: str, turns: Turns, tokenizer, chat_template: bool, timeout: float = 10.0,
-                    sandbox: tuple = ("auto", 5.0, 1024), budget: float = 0.0):
+                    sandbox: tuple = ("auto", 5.0, 1024), budget: float = 0.0, chat_kwargs: dict | None = None):
     """--env spec -> Environments (None for "", the single-turn rollout). Checked here, before any
     model loads: a user's class (its file read, one worker started), the python tool's sandbox
     (`sandbox`: --sandbox, --sandbox-timeout, --sandbox-memory); a DataError names what is wrong."""
     if not spec:
         return None
-    render, cap = Observations(tokenizer, chat_template), turns.max_observation_tokens
+    render, cap = Observations(tokenizer, chat_template, chat_kwargs), turns.max_observation_tokens
     # a built-in tool's plain-text call ends its turn only where the chat template frames no tool call
     plain = render.frame is None
     if spec == "calculator":

@@ -45,7 +45,8 @@ ANSWER_FIELDS = {"answer": ("answer", "final_answer", "expected_answer"),
                  "ground_truth": ("ground_truth", "gt", "reward_model.ground_truth"),
                  "solution": ("solution",)}  # a worked solution: its last \boxed{} (MATH)
 PARTS_FIELDS = ("final_answer",)  # where a list is the parts of one answer (a list under ground_truth may be aliases)
-ID_FIELDS = ("id", "idx", "unique_id")  # a row's own id, kept in Problem.id
+ID_FIELDS = ("id", "idx", "unique_id")  # a row's own id, kept in Problem.id; a --responses line's join to its row
+ROW_ID_FIELDS = (*ID_FIELDS, "extra_info.index")  # and verl's, inside the row (Problem.id, extras/pass_filter.py)
 # Where a multiple-choice row keeps its choices (MMLU: choices, its answer their index; AQuA, SAT: options). The prompt
 # field lacks them and the gold may be an index, so such a row is refused rather than graded against the wrong thing.
 CHOICE_FIELDS = ("choices", "options")
@@ -92,7 +93,7 @@ def load_file(path: str) -> list[Problem]:
     """Problems from .jsonl (one object per line), .json (a list of objects), .parquet (needs
     pyarrow) or a dataset through HF `datasets` (`dataset_rows`). A row's prompt is the first of PROMPT_FIELDS it
     has; its gold answer the first of the ANSWER_FIELDS spellings, through grading.math_answers.gold_answer; its id
-    (Problem.id) the first of ID_FIELDS, as str() writes it. A list under final_answer is the parts of one answer:
+    (Problem.id) the first of ROW_ID_FIELDS, as str() writes it. A list under final_answer is the parts of one answer:
     one part is the answer, several reach the grader as one gold string with a \\boxed{} each, every part required:
 
         {"question": "2+2?", "final_answer": ["4"], "idx": 7} -> Problem("2+2?", gold_answer("4"), id="7")
@@ -215,14 +216,32 @@ def row_problem(row: dict, path: str, lineno: int) -> Problem:
                         f"prompt field lacks and its answer may index; write them into the prompt and the answer as "
                         f"text; {fields_of(row)}")
     return Problem(prompt=row_field(row, PROMPT_FIELDS, path, lineno), answer=row_gold(row, path, lineno),
-                   id=row_id(row))
+                   id=row_id(row), turns=row_turns(row, path, lineno))
+
+
+def row_turns(row: dict, path: str, lineno: int) -> tuple[dict, ...]:
+    """The turns a chat prompt (verl's) has before its last user message, as written (Problem.turns), each
+    as {"role", "content"}: [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    -> ({"role": "system", "content": "Be brief."},); () for a prompt that is text. A chat that goes on after
+    its last user message, or a turn without a role and a string content, is refused."""
+    name = first_field(row, PROMPT_FIELDS, path, lineno)
+    chat = field_value(row, name)
+    if not (isinstance(chat, list) and chat and all(isinstance(turn, dict) for turn in chat)):
+        return ()
+    last = max(i for i, turn in enumerate(chat) if turn.get("role") == "user")  # row_field found one
+    bad = next((turn for turn in chat if not (isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str))),
+               None)
+    if last < len(chat) - 1 or bad is not None:
+        raise DataError(f"{path}:{lineno}: field '{name}' must be a chat of {{role, content}} turns ending with the "
+                        f"user's, got {short(bad if bad is not None else chat[last + 1:])}; {fields_of(row)}")
+    return tuple({"role": turn["role"], "content": turn["content"]} for turn in chat[:last])
 
 
 def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
     """The text of the first of `names` the row has: a non-empty string, a number as str() writes it
     (AIME's 111 -> "111"), or in a chat (verl's prompt) the last user message's content:
-    [{"role": "system", ...}, {"role": "user", "content": "2+2?"}] -> "2+2?" (the run's templates, not
-    the file's other turns, make the prompt)."""
+    [{"role": "system", ...}, {"role": "user", "content": "2+2?"}] -> "2+2?" (the turns before it:
+    row_turns)."""
     name = first_field(row, names, path, lineno)
     value = field_value(row, name)
     chat = isinstance(value, list) and value and all(isinstance(turn, dict) for turn in value)
@@ -249,9 +268,10 @@ def row_gold(row: dict, path: str, lineno: int) -> str:
 
 
 def row_id(row: dict) -> str:
-    """A row's own id, the first of ID_FIELDS it has, as str() writes it: {"idx": 7} -> "7"; "" without one."""
-    name = present(row, ID_FIELDS)
-    return str(row[name]) if name else ""
+    """A row's own id, the first of ROW_ID_FIELDS it has, as str() writes it: {"idx": 7} -> "7",
+    {"extra_info": {"index": "a1"}} -> "a1"; "" without one."""
+    name = present(row, ROW_ID_FIELDS)
+    return str(field_value(row, name)) if name else ""
 
 
 def first_field(row: dict, names: tuple[str, ...], path: str, lineno: int, expected: tuple[str, ...] = ()) -> str:

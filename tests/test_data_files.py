@@ -386,8 +386,11 @@ def test_gt_ground_truth_and_verl_rows_load():
     verl = load_file(str(FIXTURES / "verl.jsonl"))
     rows = [json.loads(line) for line in (FIXTURES / "verl.jsonl").read_text().splitlines()]
     assert [p.answer for p in verl] == ["17", "36", "24"]
-    assert [p.prompt for p in verl] == [r["prompt"][-1]["content"] for r in rows]  # the system turn is dropped
-    assert verl[2].prompt.startswith("Solve the following") and all(p.id == "" for p in verl)
+    assert [p.prompt for p in verl] == [r["prompt"][-1]["content"] for r in rows]  # the last user turn
+    assert verl[2].prompt.startswith("Solve the following")
+    assert [p.id for p in verl] == [str(r["extra_info"]["index"]) for r in rows]  # verl's id: extra_info.index
+    # the turns before it, as written: rows 1 and 2 have none, row 3 its system turn
+    assert [p.turns for p in verl] == [(), (), ({"role": "system", "content": "You are a helpful assistant."},)]
 
 
 @pytest.mark.needs("pyarrow")

@@ -122,7 +122,8 @@ def test_eval_reports_each_domain(tmp_path, capsys):
     evaluation.write_results(tmp_path, 0, {"k": [1, 2]}, m, records, "3 problems")
     assert capsys.readouterr().out.split("\n")[5:10] == [
         "", "| domain | problems | accuracy | pass@1 | pass@2 |", "|---|---|---|---|---|",
-        "| math | 2 | 75.0% | 75.0% | 100.0% |", "| code | 1 | 0.0% | 0.0% | 0.0% |"]
+        # math: its problems' accuracies 0.5 and 1 -> SE √(2 · 0.25² / 2) = 0.25; code's one problem has no SE
+        "| math | 2 | 75.0% ± 25.0 | 75.0% ± 25.0 | 100.0% ± 0.0 |", "| code | 1 | 0.0% | 0.0% | 0.0% |"]
 
 
 # 3 steps saving at step 2, and a run resumed from that checkpoint: its step 3 must be the other's

@@ -17,6 +17,7 @@ holds them equal: rewards, losses, gradient norms and the final weights, on 1, 2
 """
 import argparse
 import json
+import math
 import os
 import sys
 from functools import reduce
@@ -170,11 +171,12 @@ def grpo_loss(logp, old_logp, adv, mask, n_seqs: int, clip: float) -> torch.Tens
 
 # ---------------------------------------------------------------------------- eval (docs/math.md §6)
 
-def evaluate(lm, tokenizer, task, problems, args, rank: int, world: int) -> float:
-    """eval/accuracy: the fraction of eval_samples samples per held-out problem that are correct (avg@n).
-    The ranks take turns by generate call; each call is seeded by its index, so any number of ranks
-    draws the same samples."""
-    per_call, correct = args.eval_batch // args.eval_samples, 0
+def evaluate(lm, tokenizer, task, problems, args, rank: int, world: int) -> dict:
+    """eval/accuracy: the fraction of eval_samples samples per held-out problem that are correct (avg@n),
+    and its standard error over problems (§6.1: each problem's fraction x_i is one unit,
+    SE = sqrt(sum (x_i - mean)^2 / (P (P - 1)))). The ranks take turns by generate call; each call is
+    seeded by its index, so any number of ranks draws the same samples."""
+    per_call, correct = args.eval_batch // args.eval_samples, [0] * len(problems)
     for call, start in enumerate(range(0, len(problems), per_call)):
         if call % world != rank:
             continue
@@ -183,8 +185,15 @@ def evaluate(lm, tokenizer, task, problems, args, rank: int, world: int) -> floa
         responses = sample(lm, tokenizer, [encode(tokenizer, p.prompt) for p in batch], args.temperature,
                            args.max_new_tokens)
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        correct += sum(task.grade(p, text).reward >= 1 for p, text in zip(batch, texts))
-    return global_sum([correct], world)[0] / (len(problems) * args.eval_samples)
+        for i, (p, text) in enumerate(zip(batch, texts)):
+            correct[start + i // args.eval_samples] += task.grade(p, text).reward >= 1
+    counts = global_sum(correct, world)  # every problem's count, on every rank
+    metrics = {"eval/accuracy": sum(counts) / (len(problems) * args.eval_samples)}
+    x = [c / args.eval_samples for c in counts]
+    if len(x) > 1:  # one problem shows no spread
+        mean = sum(x) / len(x)
+        metrics["eval/accuracy_se"] = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) * (len(x) - 1)))
+    return metrics
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -219,7 +228,7 @@ def main():
                 log.write(json.dumps({"step": step, **{k: round(v, 6) for k, v in metrics.items()}}) + "\n")
 
     if args.eval_every:
-        report(0, {"eval/accuracy": evaluate(lm, tokenizer, task, heldout, args, rank, world)})
+        report(0, evaluate(lm, tokenizer, task, heldout, args, rank, world))
     share = args.prompts // world
     for step in range(1, args.steps + 1):
         # one seed per (step, rank): the ranks sample differently, and a rerun samples alike
@@ -264,7 +273,7 @@ def main():
         metrics = {"reward/mean": reward_sum / (args.prompts * args.group), "loss/total": loss_total,
                    "grad/norm": grad_norm}
         if args.eval_every and step % args.eval_every == 0:
-            metrics["eval/accuracy"] = evaluate(lm, tokenizer, task, heldout, args, rank, world)
+            metrics.update(evaluate(lm, tokenizer, task, heldout, args, rank, world))
         report(step, metrics)
     if args.out and rank == 0:
         lm.save_pretrained(args.out)  # config.json and model.safetensors: from_pretrained loads it
