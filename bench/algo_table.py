@@ -25,15 +25,13 @@ run's logs stay in runs/algo-table/<algo>/seed-S/ (or --out DIR/...).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from eval import paired, per_problem, read_eval  # noqa: E402
-from extras.seeds import over_seeds, read_rows, run_seeds  # noqa: E402
+from extras.seeds import difference, over_seeds, problem_accuracies, read_rows, run_seeds  # noqa: E402
 
 KS = (1, 4, 16)
 NEW = ["gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"]  # docs/math.md §7
@@ -46,25 +44,13 @@ def run(algo: str, out: Path, seeds: list[int], flags: list[str]) -> tuple[dict,
     folders = run_seeds(seeds, out, ["--config", f"configs/tiny_{algo}.yaml", "--eval-samples", "16",
                                      "--eval-k", ",".join(map(str, KS)), *flags], quiet=True)
     evals = [r for r in over_seeds([read_rows(f) for f in folders]) if "eval/pass@1" in r]
-    runs = [per_problem(read_eval(str(f / "evals" / f"step-{evals[-1]['step']}.jsonl")), [1])["accuracy"]
-            for f in folders]
-    return evals[0], evals[-1], [sum(v) / len(v) for v in zip(*runs)], time.perf_counter() - t0
+    return evals[0], evals[-1], problem_accuracies(folders, evals[-1]["step"]), time.perf_counter() - t0
 
 
 def cell(row: dict, key: str) -> str:
     """A metric in % with its SE over seeds, or with one seed its eval SE: "83.8 ± 0.6"."""
     se = row.get(f"{key}_se", row.get(f"{key}_run_se"))
     return f"{100 * row[key]:.1f}" + (f" ± {100 * se:.1f}" if se is not None else "")
-
-
-def versus(after: dict, problems: list[float], first: dict, first_problems: list[float]) -> str:
-    """An algorithm's final pass@1 minus the first's, ± the SE of that difference (docs/math.md §6.3): the
-    seeds' part of each (their SE over seeds; unknown with one seed) and the problems' part, paired over the
-    same held-out problems (each problem's pass@1 averaged over the seeds); * where |difference| > 1.96 SE."""
-    diff = after["eval/pass@1"] - first["eval/pass@1"]
-    se = math.sqrt(after.get("eval/pass@1_se", 0.0) ** 2 + first.get("eval/pass@1_se", 0.0) ** 2
-                   + paired(first_problems, problems)["se"] ** 2)
-    return f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
 
 
 def main() -> None:
@@ -91,7 +77,8 @@ def main() -> None:
         before, after, problems, wall = run(algo, Path(args.out) / algo, seeds, flags)
         first = first or (after, problems)
         cells = " | ".join(f"{cell(before, f'eval/pass@{k}')} → {cell(after, f'eval/pass@{k}')}" for k in KS)
-        against = "—" if after is first[0] else versus(after, problems, *first)
+        diff, se = difference(*first, after, problems, key="eval/pass@1")
+        against = "—" if after is first[0] else f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
         lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {against} | {wall / 60:.1f} min |")
         print(lines[-1], flush=True)
     print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; the difference ± its SE (seeds and problems, "

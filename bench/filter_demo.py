@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extras.seeds import mean_and_se, over_seeds, read_rows, run_seeds  # noqa: E402
+from extras.seeds import difference, mean_and_se, over_seeds, problem_accuracies, read_rows, run_seeds  # noqa: E402
 from tasks import RunningSumTask  # noqa: E402
 
 MIX = [(terms, 2) for terms in range(2, 8)]  # 2-digit terms: other widths the shipped model never saw
@@ -82,17 +82,24 @@ def main() -> None:
         runs = [read_rows(f) for f in folders]
         zero = mean_and_se([sum(r["reward/zero_std_groups"] for r in run.values() if "reward/zero_std_groups" in r)
                             / args.steps for run in runs])
-        table[name] = ([r for r in over_seeds(runs) if "eval/accuracy" in r], zero, time.perf_counter() - t0)
+        evals = [r for r in over_seeds(runs) if "eval/accuracy" in r]
+        table[name] = (evals, [problem_accuracies(folders, r["step"]) for r in evals], zero, time.perf_counter() - t0)
     steps = [r["step"] for r in table["train"][0]]
     print(f"| data | {' | '.join(f'step {s}' for s in steps)} | zero_std_groups | wall |")
     print("|---" * (len(steps) + 3) + "|")
-    for name, (evals, zero, wall) in table.items():
+    for name, (evals, _, zero, wall) in table.items():
         cells = " | ".join(f"{100 * r['eval/accuracy']:.1f}" + (f" ± {100 * r['eval/accuracy_se']:.1f}"
                                                                if "eval/accuracy_se" in r else "") for r in evals)
         spread = f" ± {100 * zero[1]:.1f}" if zero[1] is not None else ""
         print(f"| {name}.jsonl | {cells} | {100 * zero[0]:.1f}%{spread} | {wall / 60:.1f} min |")
-    print(f"\nheld-out accuracy (%, heldout.jsonl: 200 rows × 4 samples), mean ± SE over seeds {args.seeds}; "
-          "zero_std_groups: the mean over steps of the share of groups whose 8 rewards are all equal")
+    cells = []
+    for a, a_problems, b, b_problems in zip(table["train"][0], table["train"][1], table["kept"][0], table["kept"][1]):
+        diff, se = difference(a, a_problems, b, b_problems)
+        cells.append(f"{100 * diff:+.1f} ± {100 * se:.1f}" + (" *" if abs(diff) > 1.96 * se else ""))
+    print(f"| kept − train | {' | '.join(cells)} | | |")
+    print(f"\nheld-out accuracy (%, heldout.jsonl: 200 rows × 4 samples), mean ± SE over seeds {args.seeds}; kept − "
+          "train ± its SE (seeds and problems, paired: docs/math.md §6.3), * beyond 1.96 SE; zero_std_groups: the "
+          "mean over steps of the share of groups whose 8 rewards are all equal")
 
 
 if __name__ == "__main__":

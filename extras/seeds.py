@@ -113,6 +113,27 @@ def over_seeds(runs: list[dict[int, dict]]) -> list[dict]:
     return rows
 
 
+def problem_accuracies(folders: list[Path], step: int) -> list[float]:
+    """Each held-out problem's accuracy (avg@n) at `step`, averaged over the runs in `folders`, from the
+    per-problem rows each run's eval kept (RUN/evals/step-N.jsonl)."""
+    from eval import per_problem, read_eval
+
+    runs = [per_problem(read_eval(str(Path(f) / "evals" / f"step-{step}.jsonl")), [1])["accuracy"] for f in folders]
+    return [sum(v) / len(v) for v in zip(*runs)]
+
+
+def difference(a: dict, a_problems: list[float], b: dict, b_problems: list[float],
+               key: str = "eval/accuracy") -> tuple[float, float]:
+    """B − A of two settings' rows of over_seeds at one step, and its standard error (docs/math.md §6.3):
+    the seeds' part of each (its SE over seeds; none with one seed) and the problems' part, paired over the
+    same held-out problems, each problem's accuracy averaged over a setting's seeds (problem_accuracies).
+    SEs over seeds 0.007 and 0.006, paired 0.012 -> sqrt(0.007² + 0.006² + 0.012²) = 0.015."""
+    from eval import paired
+
+    se = math.sqrt(a.get(f"{key}_se", 0.0) ** 2 + b.get(f"{key}_se", 0.0) ** 2 + paired(a_problems, b_problems)["se"] ** 2)
+    return b[key] - a[key], se
+
+
 def table(rows: list[dict], runs: int) -> str:
     """The eval metrics that carry a standard error, at every eval step, as a Markdown table in percent:
     mean ± SE over the runs [a run's own eval SE]."""
@@ -125,8 +146,9 @@ def table(rows: list[dict], runs: int) -> str:
         cells = [f"{100 * r[k]:.1f}" + (f" ± {100 * r[k + '_se']:.1f}" if k + "_se" in r else "")
                  + f" [{100 * r[k + '_run_se']:.1f}]" for k in keys]
         lines.append(f"| {r['step']} | {' | '.join(cells)} |")
-    return "\n".join(lines) + (f"\n\n{runs} runs: mean over them ± its standard error over them "
-                               "[one run's eval standard error over problems, averaged over the runs], in %")
+    over = ("1 run: its value" if runs == 1 else
+            f"{runs} runs: the mean over them ± its standard error over them")
+    return "\n".join(lines) + (f"\n\n{over} [a run's eval standard error over problems, averaged over the runs], in %")
 
 
 def summarise(folders: list[Path], out: Path | None) -> list[dict]:
