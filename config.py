@@ -284,7 +284,8 @@ def _to_bool(s: str) -> bool:
 
 
 def _parser_for(kind):
-    """The function that reads a flag of a field of this type: --plan true, --eval-k 1,4, --chat-template-kwargs '{}'."""
+    """The function that reads a flag of a field of this type: --plan true, --eval-k 1,4,
+    --chat-template-kwargs '{}'."""
     return {bool: _to_bool, list: lambda s: [int(x) for x in s.split(",") if x], dict: json_object}.get(kind, kind)
 
 
@@ -296,7 +297,8 @@ def json_object(text: str) -> dict:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"enable_thinking\": false}}', "
+                                         f"got {text!r}")
     return value
 
 

@@ -32,7 +32,7 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
         if held_out:
             held = task.read(held_out)
         held = held[:cfg.eval_problems or None]
-        template = "" if code_file[src] else cfg.prompt_template  # a code file's recipe (--code-template) chose its prompts
+        template = "" if code_file[src] else cfg.prompt_template  # a code file's recipe (--code-template) is its own
         problems, held = (with_template(problems, template, cfg.system_prompt),
                           with_template(held, template, cfg.system_prompt))
         loaded[domain_name(src)] = task, problems, held

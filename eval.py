@@ -103,8 +103,8 @@ def problem_record(problem, samples: list[dict], ks: list[int], greedy: dict | N
     answer, first = majority(samples)
     return {**({"id": problem.id} if problem.id else {}), "prompt": problem.prompt, "gold": problem.answer,
             **({"domain": problem.domain} if problem.domain else {}),
-            "correct": c, "accuracy": c / n, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks}, "majority_answer": answer,
-            "majority_correct": bool(first and first["correct"]), "greedy": greedy, "samples": samples}
+            "correct": c, "accuracy": c / n, "pass@k": {str(k): pass_at_k(n, c, k) for k in ks},
+            "majority_answer": answer, "majority_correct": bool(first and first["correct"]), "greedy": greedy, "samples": samples}
 
 
 def standard_error(values: list[float]) -> float | None:
@@ -206,8 +206,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in tqdm(mine, desc="eval", disable=not progress or rank != 0, unit="batch"):
             batch = problems[start:start + per_call]
             torch.manual_seed(seed + b)
-            episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs),
-                                group_size=n, sampling=sampling, shape=shape)
+            prompts = encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs)
+            episodes = generate(lm, tokenizer, batch, prompts, group_size=n, sampling=sampling, shape=shape)
             records = graded(task, episodes, tokenizer, answer_after)
             for j in range(len(batch)):
                 samples[start + j] = records[j * n:(j + 1) * n]
@@ -215,8 +215,8 @@ def evaluate(lm, tokenizer, task, problems, *, n: int, ks: list[int], sampling, 
         for b, start in enumerate(range(0, len(problems), batch_size) if greedy else []):
             if b % world == rank:
                 batch = problems[start:start + batch_size]
-                episodes = generate(lm, tokenizer, batch, encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs),
-                                    group_size=1, sampling=replace(sampling, temperature=0.0), shape=shape)
+                prompts = encode_prompts(tokenizer, batch, chat_template, shape.tools, chat_kwargs)
+                episodes = generate(lm, tokenizer, batch, prompts, group_size=1, sampling=replace(sampling, temperature=0.0), shape=shape)
                 best.update({start + j: r for j, r in enumerate(graded(task, episodes, tokenizer, answer_after))})
     if world > 1:
         parts = [None] * world
@@ -424,7 +424,7 @@ def read_eval(path: str) -> list[dict]:
     (a training run's evals/step-N.jsonl). ValueError naming the file, or what to give instead."""
     file = Path(path)
     if file.is_dir() and not (file / "problems.jsonl").is_file():
-        steps = sorted(int(f.stem[5:]) for f in (file / "evals").glob("step-*.jsonl")) if (file / "evals").is_dir() else []
+        steps = sorted(int(f.stem[5:]) for f in (file / "evals").glob("step-*.jsonl"))
         raise ValueError(f"{path}: a training run; compare one of its evals, {path}/evals/step-N.jsonl (N: "
                          f"{', '.join(map(str, steps))})" if steps else
                          f"{path}: no problems.jsonl here; give an eval.py --out folder or a problems .jsonl file")
@@ -462,7 +462,8 @@ def aligned(a: list[dict], b: list[dict], names: tuple[str, str]) -> list[dict]:
         example = (only_a or only_b)[0][0]
         raise ValueError(f"{names[0]} and {names[1]} are evals of different problems: {len(a)} and {len(b)} problems, "
                          f"{len(only_a)} only in the first, {len(only_b)} only in the second (e.g. {example!r}); "
-                         f"a paired comparison needs the same problems: evaluate both with the same --data and --problems")
+                         f"a paired comparison needs the same problems: evaluate both with the same --data and "
+                         f"--problems")
     return [kb[k] for k in ka]
 
 

@@ -109,7 +109,8 @@ def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tool
                                                  add_generation_prompt=True, tokenize=False, **(chat_kwargs or {}))
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
         elif p.turns:  # without a template a system turn would be lost: config and data checks refuse it first
-            raise ValueError(f"a prompt with chat turns before it ({p.prompt[:40]!r}) needs the tokenizer's chat template")
+            raise ValueError(f"a prompt with chat turns before it ({p.prompt[:40]!r}) needs the tokenizer's chat "
+                             f"template")
         else:
             out.append(tokenizer(p.prompt)["input_ids"])
     return out

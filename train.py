@@ -518,7 +518,8 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
                     trust_remote_code=cfg.trust_remote_code, gradient_checkpointing=cfg.gradient_checkpointing)
     # before any step: our log-probs must be the model's own (an unknown logit transform stops here)
     check_logprobs(lm, encode_prompts(tokenizer, train_problems[:1], cfg.chat_template,
-                                      chat_kwargs=cfg.chat_template_kwargs)[0] + [tokenizer.eos_token_id], cfg.temperature)
+                                      chat_kwargs=cfg.chat_template_kwargs)[0] + [tokenizer.eos_token_id],
+                   cfg.temperature)
     adapters = None
     if cfg.lora_rank:
         from extras.lora import add_lora

@@ -78,11 +78,12 @@ def main() -> None:
         first = first or (after, problems)
         cells = " | ".join(f"{cell(before, f'eval/pass@{k}')} → {cell(after, f'eval/pass@{k}')}" for k in KS)
         diff, se = difference(*first, after, problems, key="eval/pass@1")
-        against = "—" if after is first[0] else f"{100 * diff:+.1f} ± {100 * se:.1f}{' *' if abs(diff) > 1.96 * se else ''}"
+        marked = " *" if abs(diff) > 1.96 * se else ""
+        against = "—" if after is first[0] else f"{100 * diff:+.1f} ± {100 * se:.1f}{marked}"
         lines.append(f"| {' '.join([algo, *args.flags])} | {cells} | {against} | {wall / 60:.1f} min |")
         print(lines[-1], flush=True)
-    print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; the difference ± its SE (seeds and problems, "
-          "docs/math.md §6.3); * = it exceeds 1.96 SE")
+    print(f"\nseeds {args.seeds}; mean ± standard error over seeds, in %; the difference ± its SE (seeds and "
+          "problems, docs/math.md §6.3); * = it exceeds 1.96 SE")
     print("\n".join(lines))
 
 

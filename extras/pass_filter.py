@@ -74,7 +74,8 @@ def bounds(text: str) -> tuple[float, float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m extras.pass_filter", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", help="the data file to filter (.jsonl, .json, .parquet), its rows with ids")
     parser.add_argument("rates", help="an eval.py --out folder of this file, its problems.jsonl, or a JSONL of "
                                       '{"id": ..., "pass_rate": x}')
@@ -86,8 +87,8 @@ def main(argv=None) -> None:
     try:
         rows = records(args.data)
         if not any(row_id(row) for _, row in rows):
-            raise DataError(f"{args.data}: its rows have no id ({', '.join(ROW_ID_FIELDS)}), so no pass rate can find its "
-                            f"row: give each row an id field, then evaluate the file again (eval.py --data "
+            raise DataError(f"{args.data}: its rows have no id ({', '.join(ROW_ID_FIELDS)}), so no pass rate can "
+                            f"find its row: give each row an id field, then evaluate the file again (eval.py --data "
                             f"{args.data}) so that problems.jsonl carries the same ids")
         rates = pass_rates(args.rates)
         parts = split(rows, rates, *args.keep)

@@ -130,8 +130,8 @@ def difference(a: dict, a_problems: list[float], b: dict, b_problems: list[float
     SEs over seeds 0.007 and 0.006, paired 0.012 -> sqrt(0.007² + 0.006² + 0.012²) = 0.015."""
     from eval import paired
 
-    se = math.sqrt(a.get(f"{key}_se", 0.0) ** 2 + b.get(f"{key}_se", 0.0) ** 2 + paired(a_problems, b_problems)["se"] ** 2)
-    return b[key] - a[key], se
+    seeds = a.get(f"{key}_se", 0.0) ** 2 + b.get(f"{key}_se", 0.0) ** 2
+    return b[key] - a[key], math.sqrt(seeds + paired(a_problems, b_problems)["se"] ** 2)
 
 
 def table(rows: list[dict], runs: int) -> str:

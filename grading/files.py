@@ -229,8 +229,8 @@ def row_turns(row: dict, path: str, lineno: int) -> tuple[dict, ...]:
     if not (isinstance(chat, list) and chat and all(isinstance(turn, dict) for turn in chat)):
         return ()
     last = max(i for i, turn in enumerate(chat) if turn.get("role") == "user")  # row_field found one
-    bad = next((turn for turn in chat if not (isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str))),
-               None)
+    bad = next((turn for turn in chat
+                if not (isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str))), None)
     if last < len(chat) - 1 or bad is not None:
         raise DataError(f"{path}:{lineno}: field '{name}' must be a chat of {{role, content}} turns ending with the "
                         f"user's, got {short(bad if bad is not None else chat[last + 1:])}; {fields_of(row)}")

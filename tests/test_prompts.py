@@ -171,7 +171,8 @@ def test_the_pass_rate_filter_refuses_a_bad_range(tmp_path, capsys, args, messag
 def test_the_pass_rate_filter_names_the_fix_for_rows_without_ids_or_matches(tmp_path):
     rates = tmp_path / "rates.jsonl"
     rates.write_text('{"id": "z", "pass_rate": 0.5}\n')
-    with pytest.raises(SystemExit, match=r"its rows have no id \(id, idx, unique_id, extra_info.index\), so no pass rate can find its row"):
+    with pytest.raises(SystemExit, match=r"its rows have no id \(id, idx, unique_id, extra_info.index\), so no pass "
+                                         r"rate can find its row"):
         pass_filter.main([rows_file(tmp_path / "t.jsonl", [None, None]), str(rates), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match=r"none of its 1 ids is the id of a row of .*t2.jsonl; give the eval of this file"):
         pass_filter.main([rows_file(tmp_path / "t2.jsonl", ["a"]), str(rates), "--out", str(tmp_path / "o")])
