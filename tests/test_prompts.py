@@ -179,3 +179,11 @@ def test_the_pass_rate_filter_names_the_fix_for_rows_without_ids_or_matches(tmp_
     (tmp_path / "bad.jsonl").write_text('{"prompt": "q"}\n')
     with pytest.raises(SystemExit, match=r"bad.jsonl:1: expected a problems.jsonl row with an id"):
         pass_filter.main([rows_file(tmp_path / "t3.jsonl", ["a"]), str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o")])
+
+
+def test_a_config_file_gives_the_keyword_arguments_as_a_mapping(tmp_path):
+    (tmp_path / "c.yaml").write_text("chat_template_kwargs: {enable_thinking: false}\nsystem_prompt: Be brief.\n")
+    cfg = parse_config(["--config", str(tmp_path / "c.yaml")])
+    assert (cfg.chat_template_kwargs, cfg.system_prompt) == ({"enable_thinking": False}, "Be brief.")
+    assert parse_config(["--config", str(tmp_path / "c.yaml"), "--chat-template-kwargs", '{"a": 1}']
+                        ).chat_template_kwargs == {"a": 1}  # the command line over the file

@@ -335,6 +335,27 @@ def test_an_optimizer_step_reaches_vllm(engine, tok, rows, push_bytes, calls, mo
 
 
 @pytest.mark.needs("vllm")
+def test_vllm_is_fed_the_prompt_the_chat_template_renders(engine, wide, monkeypatch):
+    """A system turn and --chat-template-kwargs: the token ids vLLM receives are apply_chat_template's for the
+    same messages and keyword arguments (a template that branches on enable_thinking)."""
+    from test_prompts import THINKING
+
+    tok = load_tokenizer(wide)
+    tok.chat_template = THINKING
+    system = {"role": "system", "content": "Be brief."}
+    rows = encode_prompts(tok, [Problem(p, "", turns=(system,)) for p in PROMPTS[:2]], True,
+                          chat_kwargs={"enable_thinking": False})
+    received, generate = [], engine.llm.generate
+    monkeypatch.setattr(engine.llm, "generate", lambda prompts, *a, **k: received.extend(prompts) or generate(
+        prompts, *a, **k))
+    by_vllm(engine, tok, rows, Sampling(temperature=0.0, max_new_tokens=4))
+    expected = [tok.apply_chat_template([system, {"role": "user", "content": p}], add_generation_prompt=True,
+                                        enable_thinking=False)["input_ids"] for p in PROMPTS[:2]]
+    assert [list(r["prompt_token_ids"]) for r in received] == expected
+    assert tok.decode(expected[0]).endswith("<|assistant|><think></think>")
+
+
+@pytest.mark.needs("vllm")
 def test_the_kv_cache_holds_the_rows_it_was_started_for(engine):
     """Started for calls of 8 rows of up to 256 tokens, vLLM's KV cache is kv_cache_bytes' size: 8 rows of
     two 128-token blocks, plus the null block, 17 blocks of 128 (vLLM divides the bytes by its own block size
