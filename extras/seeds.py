@@ -20,10 +20,12 @@ mean over seeds and `eval/accuracy_se` its standard error over seeds, drawn as a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,11 +63,13 @@ def run_seeds(seeds: list[int], out: Path, flags: list[str], nproc: int = 2, qui
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "train.py", *flags,
                    "--seed", str(seed), "--out", str(folder), "--resume", "auto"]
         print(f"{folder}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
-        with (folder / "stdout.log").open("a") as log:
-            done = subprocess.run(command, cwd=ROOT, stdout=log if quiet else None, stderr=log if quiet else None)
+        start = time.perf_counter()
+        with (folder / "stdout.log").open("a") if quiet else contextlib.nullcontext() as log:
+            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=log)  # None: this terminal
         if done.returncode:
             raise RuntimeError(f"{folder}: train.py exited with {done.returncode}"
                                + (f"; its output is in {folder}/stdout.log" if quiet else ""))
+        print(f"{folder}: {time.perf_counter() - start:.0f} s, the whole command", file=sys.stderr, flush=True)
     return folders
 
 
