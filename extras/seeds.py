@@ -91,10 +91,9 @@ def read_rows(folder: Path) -> dict[int, dict]:
 def mean_and_se(values: list[float]) -> tuple[float, float | None]:
     """(mean, its standard error: sample standard deviation / √len), the SE None for one value.
     [0.80, 0.78, 0.82] -> (0.80, 0.011547)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1) / len(values))
+    from eval import standard_error  # the same formula as an eval's over problems, here over runs
+
+    return sum(values) / len(values), standard_error(values)
 
 
 def over_seeds(runs: list[dict[int, dict]]) -> list[dict]:

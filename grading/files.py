@@ -226,7 +226,7 @@ def row_turns(row: dict, path: str, lineno: int) -> tuple[dict, ...]:
     its last user message, or a turn without a role and a string content, is refused."""
     name = first_field(row, PROMPT_FIELDS, path, lineno)
     chat = field_value(row, name)
-    if not (isinstance(chat, list) and chat and all(isinstance(turn, dict) for turn in chat)):
+    if not is_chat(chat):
         return ()
     last = max(i for i, turn in enumerate(chat) if turn.get("role") == "user")  # row_field found one
     bad = next((turn for turn in chat
@@ -237,6 +237,11 @@ def row_turns(row: dict, path: str, lineno: int) -> tuple[dict, ...]:
     return tuple({"role": turn["role"], "content": turn["content"]} for turn in chat[:last])
 
 
+def is_chat(value) -> bool:
+    """Whether a field holds a chat, a non-empty list of turns (objects): verl's prompt."""
+    return isinstance(value, list) and bool(value) and all(isinstance(turn, dict) for turn in value)
+
+
 def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
     """The text of the first of `names` the row has: a non-empty string, a number as str() writes it
     (AIME's 111 -> "111"), or in a chat (verl's prompt) the last user message's content:
@@ -244,7 +249,7 @@ def row_field(row: dict, names: tuple[str, ...], path: str, lineno: int) -> str:
     row_turns)."""
     name = first_field(row, names, path, lineno)
     value = field_value(row, name)
-    chat = isinstance(value, list) and value and all(isinstance(turn, dict) for turn in value)
+    chat = is_chat(value)
     text = field_text(next((turn.get("content") for turn in reversed(value) if turn.get("role") == "user"), None)
                       if chat else value)
     if text is None:
