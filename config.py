@@ -668,6 +668,8 @@ def check_prompts_fit(cfg: RunConfig, tokenizer, hf_config, problems, tools: lis
 
     if cfg.chat_template_kwargs:
         warn_ignored_kwargs(tokenizer, cfg.chat_template_kwargs)
+    # a chat before the prompt (a data row's, --system-prompt) without a template is refused here, before any load
+    encode_prompts(tokenizer, [p for p in problems if p.turns][:1], cfg.chat_template, tools, cfg.chat_template_kwargs)
     check_context(tokenizer, hf_config, problems,
                   lambda chosen: encode_prompts(tokenizer, chosen, cfg.chat_template, tools, cfg.chat_template_kwargs),
                   cfg.max_new_tokens)

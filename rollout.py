@@ -108,9 +108,9 @@ def encode_prompts(tokenizer, problems: list[Problem], chat_template: bool, tool
             text = tokenizer.apply_chat_template([*p.turns, {"role": "user", "content": p.prompt}], tools=tools,
                                                  add_generation_prompt=True, tokenize=False, **(chat_kwargs or {}))
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-        elif p.turns:  # without a template a system turn would be lost: config and data checks refuse it first
+        elif p.turns:  # without a template a system turn would be lost (config.check_prompts_fit asks first)
             raise ValueError(f"a prompt with chat turns before it ({p.prompt[:40]!r}) needs the tokenizer's chat "
-                             f"template")
+                             f"template: set chat_template true with a model that has one, or drop the turns")
         else:
             out.append(tokenizer(p.prompt)["input_ids"])
     return out

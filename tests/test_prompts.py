@@ -117,6 +117,12 @@ def test_bad_prompt_settings_are_said_before_anything_loads(tmp_path, thinking_m
     message = run_main(["--data", str(FIXTURES / "verl.jsonl"), "--system-prompt", "Be brief.", "--eval-every", "0",
                         "--out", str(tmp_path / "r2")])
     assert message.startswith("error: --system-prompt: 1 problem(s) carry their own system turn")
+    # a data row's chat without the chat template: refused before any load, not dropped
+    message = run_main(["--data", str(FIXTURES / "verl.jsonl"), "--chat-template", "false", "--eval-every", "0",
+                        "--out", str(tmp_path / "r3")])
+    assert message.startswith("error: a prompt with chat turns before it ('Solve the following") and message.endswith(
+        "needs the tokenizer's chat template: set chat_template true with a model that has one, or drop the turns")
+    assert not (tmp_path / "r3").exists()
     # a file's text is the system turn
     (tmp_path / "system.txt").write_text("Add carefully.")
     problems = rollout.encode_prompts(AutoTokenizer.from_pretrained(thinking_model),
