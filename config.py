@@ -353,6 +353,12 @@ def _read_yaml(path: str, config: type) -> dict:
 
 
 DTYPES = ("auto", "fp32", "bf16")  # Config.precision, Config.save_dtype
+SAMPLERS = {  # --engine NAME -> who samples: its class (a rollout.Generate), imported only by a run that names it
+    "hf": "rollout:Generate",
+    "auto": "rollout:Generate",  # generate on every device, for now (rollout.Generate says why)
+    "fast": "engine:Fast",
+    "vllm": "extras.vllm_engine:VLLM",
+}
 BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs carry their own bounds)
     "group_size": dict(at_least=1), "epochs": dict(at_least=1), "micro_batch_size": dict(at_least=1),
     "max_steps": dict(at_least=1), "max_new_tokens": dict(at_least=1), "temperature": dict(above=0),
@@ -365,7 +371,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
-    "engine": dict(choices=("auto", "fast", "hf", "vllm")), "vllm_memory": dict(at_least=0),
+    "engine": dict(choices=SAMPLERS), "vllm_memory": dict(at_least=0),
     "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
     "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
@@ -641,20 +647,27 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
     return shape, shape
 
 
+def sampler_class(cfg: RunConfig) -> type:
+    """The class of --engine's sampler (SAMPLERS): hf -> rollout.Generate; engine.py is read only by a run
+    that asks for it."""
+    module, _, name = SAMPLERS[cfg.engine].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def learning_rate(cfg: RunConfig) -> float:
     """AdamW's learning rate: lr, times lora_lr_scale with LoRA. lr 1e-6, LoRA -> 1e-5."""
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
-def eval_settings(cfg: RunConfig, shape, backend=None) -> dict:
-    """evaluate()'s keyword arguments from the eval fields and the eval's rollout shape (rollout_shapes):
-    train.py's periodic eval and a stand-alone `eval.py --config` run take them from here, so their
-    numbers agree. backend: who samples in place of generate and the engine (train.py's --engine vllm)."""
+def eval_settings(cfg: RunConfig, shape, sampler) -> dict:
+    """evaluate()'s keyword arguments from the eval fields, the eval's rollout shape (rollout_shapes) and the
+    run's sampler (rollout.Generate or another of SAMPLERS): train.py's periodic eval and a stand-alone
+    `eval.py --config` run take them from here, so their numbers agree."""
     from rollout import Sampling
 
     return dict(n=cfg.eval_samples, ks=cfg.eval_k, greedy=cfg.eval_greedy, batch_size=cfg.eval_batch_size,
                 sampling=Sampling(cfg.eval_temperature, cfg.eval_top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
-                                  cfg.engine, cfg.engine_compile, backend=backend),
+                                  sampler=sampler),
                 shape=shape, chat_template=cfg.chat_template, chat_kwargs=cfg.chat_template_kwargs,
                 answer_after=cfg.answer_after, seed=cfg.seed + 7919)
 

@@ -9,7 +9,7 @@ How an inference engine works, top to bottom:
   its generated tokens: token t of every row sits in column w + t. Row r's context is columns
   start[r] .. col, where start[r] is its first real column and col the column being written.
   The slab is allocated once, at the first call, at least as large as the run's largest call
-  (`Engine.reserve`: rollout.reserve, from the config), and kept for the model's life
+  (`Engine.reserve`: Fast.start, from the config), and kept for the model's life
   (`Engine.of(lm)`): later calls find it at the same address. A call larger than any before grows
   it (a move, counted in Engine.moves); nothing shrinks or frees it between calls, so the update
   runs beside it (extras/plan.py counts it resident).
@@ -64,7 +64,7 @@ How an inference engine works, top to bottom:
   change and the step compiles anew. Engine.moves counts both.
 
 What it cannot run (attention that is not HF's AttentionInterface, layers other than full or
-sliding-window attention) is named by `Engine.unsupported`, and rollout.sample uses HF generate.
+sliding-window attention) is named by `Engine.unsupported`, and Fast samples it with HF generate.
 """
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ import copy
 import math
 import sys
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -83,6 +84,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 
 from model import forward_columns, inference
+from rollout import Generate, call_rows, cut_at_stop, left_pad, prompt_tokens, stop_ids, stop_strings
 
 ATTENTION = "rlvr_slab"  # our AttentionInterface name
 BLOCK = 128  # compiled steps: attention reads a multiple of this many columns (a column bucket)
@@ -340,7 +342,7 @@ class Engine:
 
     @staticmethod
     def unsupported(lm) -> str | None:
-        """Why the engine cannot run this model (rollout.sample then uses HF generate), or None."""
+        """Why the engine cannot run this model (Fast then samples with HF generate), or None."""
         config = lm.config.get_text_config()
         if not getattr(type(lm), "_supports_attention_backend", False):
             return f"{type(lm).__name__} does not route attention through HF's AttentionInterface"
@@ -350,7 +352,7 @@ class Engine:
         return None
 
     def reserve(self, rows: int, columns: int, release: bool = False) -> None:
-        """The run's largest generate call, known before the first (rollout.reserve): the slab is
+        """The run's largest generate call, known before the first (Fast.start): the slab is
         allocated at least this large at the first call and kept, so that later calls find it where
         it was (on CUDA, their recorded graphs replay as they are). release: give its memory back
         to the allocator after each call instead, for an update that cannot fit beside it; the
@@ -380,7 +382,7 @@ class Engine:
         the engine has run, nothing else may run lm's layers: their forward would gather again, a
         collective that ranks making different numbers of calls would not all join (train.py's
         rollouts and evals run every forward through the engine: its copy serves prefills too,
-        rollout.forward_model)."""
+        Fast.cache_model)."""
         dtype = compute_dtype(lm)
         if not needs_copy(lm, dtype):
             return lm
@@ -599,6 +601,53 @@ class Engine:
             buffer[:live] = buffer[going]
         self._kill(live, target)
         return target
+
+
+class Fast(Generate):
+    """--engine fast: the run's sampler (config.SAMPLERS) that decodes with the model's Engine; a model the
+    engine cannot run (Engine.unsupported) is named and HF generate samples it (Generate)."""
+    name = "fast"
+
+    def __init__(self, compile: str = "auto"):
+        self.compile, self.since = compile, counters()  # the counts before this run (another run here)
+
+    @classmethod
+    def start(cls, cfg, lm, world: int, optimizer=None) -> Fast:
+        """A training run's slab sized for its largest generate call before the first (Engine.reserve):
+        call_rows by prompt_tokens + max_new_tokens; kept all run, or given back after each call
+        (--engine-release). eval.py's (no optimizer) grows to its calls."""
+        fast = cls(cfg.engine_compile)
+        if optimizer is not None and fast.runs(lm):
+            Engine.of(lm, fast.compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
+                                                release=cfg.engine_release)
+        return fast
+
+    def runs(self, lm) -> bool:
+        reason = Engine.unsupported(lm)
+        if reason:
+            warnings.warn(f"--engine fast: {reason}; rollouts use HF generate")
+        return reason is None
+
+    def sample(self, lm, tokenizer, rows: list[list[int]], sampling, *, width: int = 0,
+               cache=None) -> list[tuple[list[int], list[float]]]:
+        """The model's Engine decodes the padded rows, and each row is cut after its first stop id."""
+        if not self.runs(lm):
+            return super().sample(lm, tokenizer, rows, sampling, width=width, cache=cache)
+        ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
+        stops, most, strings = stop_ids(tokenizer), sampling.max_new_tokens, stop_strings(tokenizer, sampling)
+        tokens, logps = Engine.of(lm, self.compile).decode(ids, mask, sampling=sampling, new_tokens=most, stops=stops,
+                                                           prefix=cache, prefill_chunk=sampling.prefill_chunk,
+                                                           strings=strings)
+        cut = [cut_at_stop(t, stops, most, strings) for t in tokens]
+        return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
+
+    def cache_model(self, lm):
+        """The engine's inference copy where it keeps one: the KV cache handed to `sample` must come from
+        the model that continues it."""
+        return Engine.of(lm, self.compile).runner(lm) if self.runs(lm) else lm
+
+    def metrics(self) -> dict:
+        return run_counters(self.since)
 
 
 COMPILE_MODES = ("auto", "off", "eager", "inductor", "untraced")

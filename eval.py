@@ -362,14 +362,14 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from checkpoint import CheckpointError
-    from config import eval_settings, rollout_shapes
+    from config import eval_settings, rollout_shapes, sampler_class
     from model import check_model_folder, load_model
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
-        if cfg.engine == "vllm":
-            raise ValueError("--engine vllm samples train.py's rollouts and evals; eval.py samples with --engine hf "
-                             "or fast: add --engine hf")
+        if not sampler_class(cfg).alone:
+            raise ValueError(f"--engine {cfg.engine} samples train.py's rollouts and evals; eval.py samples with "
+                             f"--engine hf or fast: add --engine hf")
         task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
         _, shape = rollout_shapes(cfg, tokenizer)  # the held-out eval's
@@ -383,8 +383,9 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     # the weights as train.py's policy forward sees them, so that the numbers agree with its eval
     lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
                     trust_remote_code=cfg.trust_remote_code, trainable=False)
-    settings = eval_settings(cfg, shape)
-    with autocast_context(cfg, device)():
+    sampler = sampler_class(cfg).start(cfg, lm, world)
+    settings = eval_settings(cfg, shape, sampler)
+    with sampler.serving(lm, autocast_context(cfg, device)):
         metrics, records = evaluate(lm, tokenizer, task, problems, progress=True, **settings)
     if rank == 0:
         chunks = cfg.eval_max_chunks or cfg.max_chunks

@@ -12,6 +12,7 @@ inherited from the checkpoint's generation_config (model.load_model resets it).
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 from model import cache_kwarg, forward_columns, inference
+from parallel import full_weights
 from rewards import Problem
 
 
@@ -29,10 +31,8 @@ class Sampling:
     top_k: int = 0  # 0 = off (HF's own default would be 50)
     max_new_tokens: int = 64
     prefill_chunk: int = 0  # prompt tokens per prefill forward, bounding its activations; 0 = all at once
-    engine: str = "hf"  # hf: HF generate, the reference | fast: engine.py, a capturable decode step | auto
-    engine_compile: str = "auto"  # the engine's step: auto (inductor on CUDA, off on CPU) | off | eager | inductor
     stop_strings: tuple = ()  # text that ends a response where it first appears, kept (StopStrings)
-    backend: object = None  # a sampler in place of both (extras/vllm_engine.VLLM): `sample` hands it the rows
+    sampler: Generate = field(default_factory=lambda: Generate())  # who samples: the run's (config.SAMPLERS)
 
 
 @dataclass
@@ -187,12 +187,8 @@ def sample(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: i
     """One batched generation over prompts left-padded to at least `width` (`cache`: the KV cache of their
     first columns, then not re-read) -> each row's new tokens, cut after the first stop id (else max_new_tokens
     of them), each with its log-prob under the sampler: log_softmax(logits / τ), untruncated, as the trainer
-    recomputes it (docs/math.md §0). Who generates: sampling.backend if given (--engine vllm), else the engine
-    (`decode`; --engine auto: engine_for) or HF generate (`sample_hf`), also for a model the engine cannot run."""
-    if sampling.backend is not None:
-        return sampling.backend.sample(tokenizer, rows, sampling)
-    backend = decode if by_engine(lm, sampling) else sample_hf
-    return backend(lm, tokenizer, rows, sampling, width=width, cache=cache)
+    recomputes it (docs/math.md §0). Who generates: sampling.sampler (Generate: HF generate; config.SAMPLERS)."""
+    return sampling.sampler.sample(lm, tokenizer, rows, sampling, width=width, cache=cache)
 
 
 def episodes(tokenizer, queries: list[list[int]], traces: list[list[Chunk]], groups: list[int],
@@ -212,40 +208,81 @@ def written(chunks: list[Chunk]) -> list[int]:
     return [t for ch in chunks for t in ch.response_ids]
 
 
-# ----------------------------------------------------------------------------- who samples: HF generate or the engine
+# ----------------------------------------------------------------------------- who samples: the run's sampler
 
-def sample_hf(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
-              cache=None) -> list[tuple[list[int], list[float]]]:
-    """`sample` by HF generate, each drawn token's log-prob recorded by SamplerLogProbs."""
-    device = next(lm.parameters()).device
-    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
-    chunk = sampling.prefill_chunk or None
-    if cache is not None and chunk:
-        # transformers < 5.21 chunks a prefill from column 0 even when `cache` holds the first
-        # columns, feeding them twice; so the uncached columns but the last are fed here, `chunk`
-        # a forward (as the cache itself was, by prefill), and generate reads the last one
-        start = cache.get_seq_length()
-        if start < input_ids.shape[1] - 1:
-            with inference(lm):
-                forward_columns(lm, input_ids[:, :-1], attention_mask[:, :-1], cache, start, chunk)
-        chunk = None
-    greedy = sampling.temperature == 0
-    config = GenerationConfig(
-        do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
-    recorder, strings = SamplerLogProbs(sampling.temperature), stop_strings(tokenizer, sampling)
-    criteria = StoppingCriteriaList([StringsStop(strings, input_ids.shape[1])] if strings else [])
-    with inference(lm):
-        # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
-        # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
-        out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                          synced_gpus=False, logits_processor=[recorder], stopping_criteria=criteria,
-                          **{cache_kwarg(lm): cache})
-    new = out[:, input_ids.shape[1]:]
-    tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens, strings) for resp in new.tolist()]
-    return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
+class Generate:
+    """Who samples a run's rollouts and evals: HF generate (--engine hf), the reference, and the base of
+    every other sampler (config.SAMPLERS: engine.Fast, extras.vllm_engine.VLLM; a fourth is a subclass in a
+    file of its own and one line there). `auto` is generate on every device: tutorial/grpo.py's sampler, so that
+    the default run is the lesson's run; on a CPU the engine saved a tenth of a default step, on CUDA its
+    decode is measured faster but its whole training steps not yet (docs/measured.md). A run builds its
+    sampler once (`start`); every `sample` call reaches it as Sampling.sampler. What the loop asks of one:
+
+      check(cfg, hf_config)              before any weight loads: a ValueError if it cannot run here
+      start(cfg, lm, world, optimizer)   the run's sampler, once the policy has loaded (eval.py: no optimizer)
+      serving(policy, autocast)          around a block of rollouts or evals, entered on every rank: the
+                                         trainer's current weights where the sampler reads them
+      sample(lm, tokenizer, rows, ...)   rollout.sample's rows -> new tokens and their log-probs
+      cache_model(lm)                    the model whose forward continues a KV cache handed to `sample`
+                                         (Markovian chunks); None: the sampler keeps its own
+      metrics()                          its numbers for the step's log
+    """
+    name = "hf"  # what --plan counts it as
+    alone = True  # eval.py may sample with it (vLLM takes its weights from train.py's optimizer steps)
+
+    @classmethod
+    def check(cls, cfg, hf_config) -> None:
+        """Before any weight loads: generate runs whatever transformers loads."""
+
+    @classmethod
+    def start(cls, cfg, lm, world: int, optimizer=None) -> Generate:
+        return cls()
+
+    @contextmanager
+    def serving(self, policy, autocast):
+        """generate runs the policy itself: under FSDP its weights gathered once for the block
+        (parallel.full_weights), its forwards in the run's autocast."""
+        with full_weights(policy), autocast():
+            yield
+
+    def sample(self, lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
+               cache=None) -> list[tuple[list[int], list[float]]]:
+        """`sample` by HF generate, each drawn token's log-prob recorded by SamplerLogProbs."""
+        device = next(lm.parameters()).device
+        input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id, device, width)
+        chunk = sampling.prefill_chunk or None
+        if cache is not None and chunk:
+            # transformers < 5.21 chunks a prefill from column 0 even when `cache` holds the first
+            # columns, feeding them twice; so the uncached columns but the last are fed here, `chunk`
+            # a forward (as the cache itself was, by prefill), and generate reads the last one
+            start = cache.get_seq_length()
+            if start < input_ids.shape[1] - 1:
+                with inference(lm):
+                    forward_columns(lm, input_ids[:, :-1], attention_mask[:, :-1], cache, start, chunk)
+            chunk = None
+        greedy = sampling.temperature == 0
+        config = GenerationConfig(
+            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens, eos_token_id=stop_ids(tokenizer),
+            pad_token_id=tokenizer.pad_token_id, use_cache=True, prefill_chunk_size=chunk)
+        recorder, strings = SamplerLogProbs(sampling.temperature), stop_strings(tokenizer, sampling)
+        criteria = StoppingCriteriaList([StringsStop(strings, input_ids.shape[1])] if strings else [])
+        with inference(lm):
+            # synced_gpus off: HF would otherwise step every FSDP rank in lock-step, as if weights were
+            # gathered per forward; ours are gathered once per rollout (parallel.full_weights)
+            out = lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                              synced_gpus=False, logits_processor=[recorder], stopping_criteria=criteria,
+                              **{cache_kwarg(lm): cache})
+        new = out[:, input_ids.shape[1]:]
+        tokens = [cut_at_stop(resp, stop_ids(tokenizer), sampling.max_new_tokens, strings) for resp in new.tolist()]
+        return [(t, lp[:len(t)]) for t, lp in zip(tokens, recorder.per_token(new))]
+
+    def cache_model(self, lm):
+        return lm
+
+    def metrics(self) -> dict:
+        return {}
 
 
 class StringsStop(StoppingCriteria):
@@ -308,75 +345,6 @@ def call_rows(cfg, world: int) -> tuple[int, int]:
     groups = min(share, max(1, cfg.rollout_batch_size // cfg.group_size) if cfg.rollout_batch_size else share)
     held_out = max(1, cfg.eval_batch_size // cfg.eval_samples) * cfg.eval_samples if cfg.eval_every else 0
     return groups * cfg.group_size, held_out
-
-
-def reserve(lm, cfg, world: int) -> None:
-    """Size the engine's slab for the run's largest generate call on this rank before the first
-    (Engine.reserve), when the engine generates for lm: call_rows by prompt_tokens + max_new_tokens;
-    kept all run, or given back after each call (--engine-release)."""
-    if by_engine(lm, Sampling(engine=cfg.engine, engine_compile=cfg.engine_compile)):
-        engine_of(lm, cfg.engine_compile).reserve(max(call_rows(cfg, world)), prompt_tokens(cfg) + cfg.max_new_tokens,
-                                                  release=cfg.engine_release)
-
-
-def engine_for(engine: str, device_type: str) -> str:
-    """Who generates for --engine on a device type: "fast" (engine.py) or "hf" (generate). auto is
-    `generate`, the reference, on every device: tutorial/grpo.py's sampler, so that the default run is
-    the lesson's run. On a CPU the engine saved a tenth of a default step; on CUDA its decode is
-    measured faster but its whole training steps not yet, and auto takes it there only once they are
-    (docs/measured.md). rollout.sample and extras/plan.py both ask here."""
-    return "hf" if engine == "auto" else engine
-
-
-def engine_counters(engine: str, device_type: str, since: dict | None = None) -> dict:
-    """For a run whose --engine is `engine`: the engine's counts so far (engine.counters), or with `since`
-    (those counts at the run's start) the run's engine metrics (engine.run_counters). {} for a run that
-    samples with generate (engine_for): it neither imports engine.py nor logs its zeros, whatever else
-    ran in this process before it."""
-    if engine_for(engine, device_type) != "fast":
-        return {}
-    import engine as fast
-
-    return fast.counters() if since is None else fast.run_counters(since)
-
-
-def by_engine(lm, sampling: Sampling) -> bool:
-    """Whether `sample` generates with the engine: asked for (engine_for) and able to run lm; a
-    model it cannot run is named once (when --engine fast asked for it) and HF generates."""
-    if engine_for(sampling.engine, next(lm.parameters()).device.type) != "fast":
-        return False
-    from engine import Engine
-
-    reason = Engine.unsupported(lm)
-    if reason:
-        warnings.warn(f"--engine fast: {reason}; rollouts use HF generate")
-    return reason is None
-
-
-def engine_of(lm, engine_compile: str):
-    """lm's Engine (engine.py), imported here: only a run that asks for the engine reads its file."""
-    from engine import Engine
-
-    return Engine.of(lm, engine_compile)
-
-
-def forward_model(lm, sampling: Sampling):
-    """The model whose forward `sample` runs for lm: the engine's (its inference copy, where it keeps
-    one: the KV cache given to `sample` must come from the model that continues it) or lm itself."""
-    return engine_of(lm, sampling.engine_compile).runner(lm) if by_engine(lm, sampling) else lm
-
-
-def decode(lm, tokenizer, rows: list[list[int]], sampling: Sampling, *, width: int = 0,
-           cache=None) -> list[tuple[list[int], list[float]]]:
-    """`sample` by the engine (engine.py): the model's Engine decodes the padded rows, and each
-    row is cut after its first stop id."""
-    ids, mask = left_pad(rows, tokenizer.pad_token_id, next(lm.parameters()).device, width)
-    stops, most = stop_ids(tokenizer), sampling.max_new_tokens
-    engine, strings = engine_of(lm, sampling.engine_compile), stop_strings(tokenizer, sampling)
-    tokens, logps = engine.decode(ids, mask, sampling=sampling, new_tokens=most, stops=stops, prefix=cache,
-                                  prefill_chunk=sampling.prefill_chunk, strings=strings)
-    cut = [cut_at_stop(t, stops, most, strings) for t in tokens]
-    return [(t, lp[:len(t)]) for t, lp in zip(cut, logps)]
 
 
 class StopStrings:

@@ -23,8 +23,9 @@ The knobs live in config.py (precedence: dataclass defaults < the algorithm's pr
 YAML < command line); the task and its problems come from data.py, which hands out the prompt
 stream (tasks.Task.stream); resume and checkpoints are checkpoint.py's; data parallelism (DDP, or
 FSDP2 with sharded fp32 state and bf16 compute), its set-up on one node or several, and sharded
-checkpoints in parallel.py; the memory plan (`--plan true`) in extras/plan.py. Left out on purpose:
-vLLM/SGLang generation, tensor/pipeline parallelism, value models (PPO with a critic), reward models.
+checkpoints in parallel.py; the memory plan (`--plan true`) in extras/plan.py. Who samples is the run's
+sampler (config.SAMPLERS: HF generate, engine.py's `fast`, vLLM), built once and asked for everything.
+Left out on purpose: tensor/pipeline parallelism, value models (PPO with a critic), reward models.
 """
 from __future__ import annotations
 
@@ -52,26 +53,26 @@ from algos.credit import row_advantage, set_turn_advantages
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
-                    require_trackers, response_tokens, rollout_shapes, trackers, validate)
+                    require_trackers, response_tokens, rollout_shapes, sampler_class, trackers, validate)
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
-from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, full_weights, gather_objects,
+from parallel import (all_reduce_sum, autocast_context, clip_grad_norm, compute_dtype, gather_objects,
                       grad_sync, parallel_mode, peak_memory, setup_distributed, teardown, weights_dtype, wrap)
 from rewards import grade_batch, overlong_penalty
-from rollout import (Episode, RolloutError, Sampling, collate, encode_prompts, engine_counters, generate,
-                     mismatch_stats, reserve, sampler_correction)
+from rollout import (Episode, RolloutError, Sampling, collate, encode_prompts, generate, mismatch_stats,
+                     sampler_correction)
 from tasks import detail_means
 
 
 # ============================================================================ rollout
 
-def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: int, world: int, shape, backend=None):
+def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: int, world: int, shape, sampler):
     """Generate, grade and gather until the batch is full. Returns (episodes of the kept groups,
     identical on every rank and group-major; all episodes generated; new data_pos; stats).
-    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment)."""
+    shape: the rollout's (config.rollout_shapes: plain, Markovian chunks or turns with an environment);
+    sampler: who samples (config.SAMPLERS)."""
     b_local = cfg.prompts_per_step // world
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine,
-                        cfg.engine_compile, backend=backend)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, sampler=sampler)
     kept, generated, rounds, dropped = [], [], 0, 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
@@ -473,7 +474,7 @@ def preflight(cfg: Config) -> Setup:
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     require_lora(cfg, hf_config)  # with --lora-rank: peft installed, --lora-targets names the model's layers
-    require_vllm(cfg, hf_config)  # with --engine vllm: installed, and able to run the model here
+    sampler_class(cfg).check(cfg, hf_config)  # --engine's sampler able to run here (vllm: installed)
     shape, eval_shape = rollout_shapes(cfg, tokenizer)
     check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, shape.tools)
     out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
@@ -565,21 +566,6 @@ def require_lora(cfg: Config, hf_config) -> None:
         check_targets(hf_config, cfg.lora_targets)
 
 
-def require_vllm(cfg: Config, hf_config) -> None:
-    """--engine vllm: vllm installed and able to run the model here (extras/vllm_engine.py), else a ValueError."""
-    if cfg.engine == "vllm":
-        from extras.vllm_engine import check
-
-        check(cfg, hf_config)
-
-
-def start_vllm(cfg: Config, learner: Learner, world: int, device):
-    """--engine vllm: this rank's vLLM (extras/vllm_engine.py), handed the rows by rollout.sample (Sampling.backend)."""
-    from extras.vllm_engine import start
-
-    return start(cfg, learner.lm, learner.optimizer, world, compute_dtype(cfg, device))
-
-
 def mixed_seed(seed: int, a: int, b: int) -> int:
     """One seed from the run's seed and two counters, (step, rank) or (group, epoch): a resumed run
     replays the same draws without saving RNG states."""
@@ -604,21 +590,16 @@ def train(cfg: Config, setup: Setup) -> None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
 
-    def sampling_weights():  # vLLM samples from its own copy: every rank pushes it the trainer's weights first
-        return backend.pushed() if backend else full_weights(learner.scorer)
-
     def run_eval(step, keys=None):  # keys: the metrics its line shows, each with its ± (None: all)
         from eval import evaluate, shown, write_problems  # a run with --eval-every 0 never loads the eval script
-        with sampling_weights(), learner.autocast():
-            metrics, records = evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, backend))
+        with sampler.serving(learner.scorer, learner.autocast):
+            metrics, records = evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, sampler))
         if rank == 0:  # per problem, for eval.py --compare and extras/seeds.py
             write_problems(out / "evals" / f"step-{step}.jsonl", records)
         log(f"step {step} " + shown(metrics, keys or metrics))
         return metrics
 
-    reserve(lm, cfg, world)  # the engine's slab, allocated once at the run's largest call
-    backend = start_vllm(cfg, learner, world, device) if cfg.engine == "vllm" else None  # samples instead of both
-    engine_start = engine_counters(cfg.engine, device.type)  # what engines did before this run (another run here)
+    sampler = sampler_class(cfg).start(cfg, lm, world, learner.optimizer)  # who samples, built once
     if cfg.eval_every and step == 0 and heldout:
         logger.log(0, run_eval(0))
 
@@ -628,11 +609,11 @@ def train(cfg: Config, setup: Setup) -> None:
         torch.manual_seed(mixed_seed(cfg.seed, step, rank))  # every random draw of a step
         random.seed(mixed_seed(cfg.seed, step, rank))
         t0 = time.perf_counter()
-        with sampling_weights(), learner.autocast():
+        with sampler.serving(learner.scorer, learner.autocast):
             episodes, generated, data_pos, metrics = collect_rollouts(
-                lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape, backend)
+                lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape, sampler)
         setup.shape.check(generated)  # an environment failing every trace stops the run here
-        metrics.update(peak_memory(device, "rollout"), **(backend.metrics() if backend else {}))
+        metrics.update(peak_memory(device, "rollout"), **sampler.metrics())
         t1 = time.perf_counter()
         if episodes:
             metrics.update(update(learner, episodes))
@@ -641,7 +622,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update(peak_memory(device, "update"))
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0], **engine_counters(cfg.engine, device.type, engine_start)})
+                        "lr": scheduler.get_last_lr()[0]})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)]))
         logger.log(step, metrics, generated[:cfg.log_samples])

@@ -58,9 +58,10 @@ import engine  # noqa: E402
 from config import Config  # noqa: E402
 from model import ResponseLogProbs  # noqa: E402
 from parallel import autocast_context, compute_dtype, full_weights, setup_distributed, teardown, wrap  # noqa: E402
-from rollout import Sampling, sample  # noqa: E402
+from rollout import Generate, Sampling, sample  # noqa: E402
 
 ENGINES = ("hf", "fast")
+SAMPLER = {"hf": Generate, "fast": engine.Fast}  # who samples, by --engine's name
 # narrowed too: at the real width one CPU thread spends ~0.2 s a step reading the LM head alone
 QUICK = dict(layers=2, batch=[4, 8], prompt=16, new=24, repeats=1, mean=6, copy_bytes=2**26,
              widths=dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
@@ -200,7 +201,8 @@ def measure_batch(regime: Regime, batch: int, args, sizes, device) -> list[dict]
     """One row per engine, over args.repeats calls interleaved so that both see the same machine, each
     followed by PREFILLS 1-token calls. Rates are None where decode_seconds is (too short to time)."""
     prompts = random_prompts(batch, args.prompt, sizes.vocab, regime.group)
-    calls = {e: (lambda n, e=e: timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine=e), device))
+    calls = {e: (lambda n, e=e: timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, sampler=SAMPLER[e]()),
+                                         device))
              for e in ENGINES}
     for call in calls.values():
         call(args.new)  # warm-up: compile and capture
@@ -273,7 +275,7 @@ def run(lm, config, device, args, say=print, after=None, measured=None) -> list[
         else:
             regime = training_regime(lm, device, stops, recipe)
             timed(regime, random_prompts(max(args.batch), args.prompt, text.vocab_size),
-                  replace(regime.sampling, max_new_tokens=args.new, engine="fast"), device)
+                  replace(regime.sampling, max_new_tokens=args.new, sampler=engine.Fast()), device)
         for batch in args.batch:
             rows += measure_batch(regime, batch, args, sizes, device)
             say("\n".join(f"| {r['regime']} | {r['batch']} | {r['engine']} | "

@@ -29,6 +29,7 @@ from model import load_model, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask, builtin_splits  # noqa: E402
 from extras.markovian import Markovian, chunking  # noqa: E402
 from config import eval_settings, parse_config, rollout_shapes  # noqa: E402
+from rollout import Generate  # noqa: E402
 
 CONFIG = "configs/tiny_delethink.yaml"
 
@@ -54,7 +55,7 @@ def scaling(model: str, terms: tuple[int, int], caps: list[int], problems: int, 
     out = []
     for cap in caps:
         cfg.eval_max_chunks = cap
-        out.append(evaluate(lm, tok, task, heldout, **eval_settings(cfg, rollout_shapes(cfg, tok)[1]))[0])
+        out.append(evaluate(lm, tok, task, heldout, **eval_settings(cfg, rollout_shapes(cfg, tok)[1], Generate()))[0])
     return out
 
 

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import DEFAULT_MODEL  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask, builtin_splits  # noqa: E402
-from rollout import Sampling, encode_prompts, generate  # noqa: E402
+from engine import Fast  # noqa: E402
+from rollout import Generate, Sampling, encode_prompts, generate  # noqa: E402
 
 REPEATS, GROUP, NEW_TOKENS = 5, 8, 80
 
@@ -32,12 +33,13 @@ def main() -> None:
     for n in (8, 16):
         ids = encode_prompts(tokenizer, problems[:n], chat_template=True)
         times, lengths = {"hf": [], "fast": []}, {"hf": [], "fast": []}
+        samplers = {"hf": Generate(), "fast": Fast()}
         for r in range(REPEATS + 1):  # the first round warms up
             for engine in ("hf", "fast"):
                 torch.manual_seed(r)
                 start = time.perf_counter()
                 episodes = generate(lm, tokenizer, problems[:n], ids, group_size=GROUP,
-                                    sampling=Sampling(1.0, 1.0, 0, NEW_TOKENS, engine=engine))
+                                    sampling=Sampling(1.0, 1.0, 0, NEW_TOKENS, sampler=samplers[engine]))
                 if r:
                     times[engine].append(time.perf_counter() - start)
                     lengths[engine].append(statistics.mean(len(e.response_ids) for e in episodes))

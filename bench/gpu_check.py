@@ -132,7 +132,7 @@ def compile_probe(layers: int, device, quick: bool) -> dict:
     autocast (probe): seconds and graphs of the first call's, graphs a second call in other buckets
     compiled (recompiles) and its seconds, and the attention kernels of a step: [(name, a step, µs)]."""
     from decode_bound import build_model, random_prompts, sync
-    from engine import Engine
+    from engine import Engine, Fast
     from rollout import Sampling, sample
     lm, config = build_model(SHAPE, layers, device, **widths(quick))
     tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # no row stops
@@ -144,7 +144,7 @@ def compile_probe(layers: int, device, quick: bool) -> dict:
         t0 = sync(device)
         with torch.autocast(device.type, dtype=torch.bfloat16):
             sample(lm, tok, random_prompts(rows, prompt, config.vocab_size),
-                   Sampling(0.0, max_new_tokens=new, engine="fast", engine_compile=mode))
+                   Sampling(0.0, max_new_tokens=new, sampler=Fast(mode)))
         return sync(device) - t0
     graphs, seconds = Engine.compiles, Engine.compile_seconds
     call(8, 8)
@@ -334,14 +334,14 @@ def engine_figures(regime, args, vocab: int, device) -> dict:
     issuing a step over one call (Engine.issue_seconds / Engine.steps; None if every step compiled)
     and, in the bound regime, a step's kernels (step_kernels)."""
     from decode_bound import random_prompts, timed
-    from engine import Engine
-    engine = Engine.of(regime.lm, regime.sampling.engine_compile)
+    from engine import Engine, Fast
+    engine = Engine.of(regime.lm)
     figures = dict(moves=engine.moves, calls=regime.calls, batches={})
     for batch in (min(args.batch), max(args.batch)):
         prompts = random_prompts(batch, args.prompt, vocab, regime.group)
 
         def call(n):
-            return timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, engine="fast"), device)
+            return timed(regime, prompts, replace(regime.sampling, max_new_tokens=n, sampler=Fast()), device)
         steps, seconds = engine.steps, engine.issue_seconds
         call(args.new)
         issue = None if engine.steps == steps else (engine.issue_seconds - seconds) / (engine.steps - steps)
@@ -381,14 +381,16 @@ def step_kernels(call, new: int, device, top: int = 5) -> dict:
 
 def agree(device, quick: bool, out: Path, keep):
     from decode_bound import build_model, random_prompts, training_regime
-    from rollout import Chunk, Sampling, collate, sample
+    from engine import Fast
+    from rollout import Chunk, Generate, Sampling, collate, sample
     lm, config = build_model(SHAPE, 2 if quick else 4, device, **widths(quick))
     rows, new = (4, 12) if quick else (16, 64)
     prompts = random_prompts(rows, 32, config.vocab_size)
     tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # an unwritable stop: full rows
 
     def greedy(model, engine):
-        return sample(model, tok, prompts, Sampling(0.0, max_new_tokens=new, engine=engine))
+        return sample(model, tok, prompts, Sampling(0.0, max_new_tokens=new,
+                                                    sampler=Fast() if engine == "fast" else Generate()))
 
     bare = copy.deepcopy(lm).eval()  # fp32: the engine runs it itself
     written = {e: greedy(bare, e) for e in ("hf", "fast")}
@@ -444,6 +446,7 @@ def repeats(a: torch.Tensor, b: torch.Tensor, expected: float) -> dict:
 
 def rng(device, quick: bool, out: Path, keep):
     from decode_bound import build_model, random_prompts
+    from engine import Fast
     from rollout import Sampling, sample
     lm, config = build_model(SHAPE, 2, device, **widths(quick))
     lm = lm.to(torch.bfloat16 if device.type == "cuda" else torch.float32).eval()  # bare: the engine runs lm itself
@@ -452,7 +455,7 @@ def rng(device, quick: bool, out: Path, keep):
     rows, new = (64, 16) if quick else (256, 64)
     prompts = random_prompts(rows, 8, config.vocab_size)
     tok = SimpleNamespace(eos_token_id=config.vocab_size, pad_token_id=0)  # no row stops
-    draws = [torch.tensor([t for t, _ in sample(lm, tok, prompts, Sampling(1.0, max_new_tokens=new, engine="fast"))])
+    draws = [torch.tensor([t for t, _ in sample(lm, tok, prompts, Sampling(1.0, max_new_tokens=new, sampler=Fast()))])
              for _ in range(2)]
     edges, p = bin_edges(config.vocab_size)
     bins = [torch.bucketize(d, edges, right=True) for d in draws]

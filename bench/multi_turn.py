@@ -23,7 +23,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from config import DEFAULT_MODEL  # noqa: E402
-from rollout import Sampling, sample  # noqa: E402
+from engine import Fast  # noqa: E402
+from rollout import Generate, Sampling, sample  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 
@@ -70,8 +71,9 @@ def main() -> None:
         rows = torch.randint(4, min(vocab, 90), (args.rows, context), generator=gen).tolist()
         recent = [r[-(args.turn + args.observation):] for r in rows]
         for engine in ("hf", "fast"):
-            whole = Sampling(1.0, max_new_tokens=args.turn, engine=engine)
-            one = Sampling(1.0, max_new_tokens=1, engine=engine)
+            sampler = Fast() if engine == "fast" else Generate()
+            whole = Sampling(1.0, max_new_tokens=args.turn, sampler=sampler)
+            one = Sampling(1.0, max_new_tokens=1, sampler=sampler)
             t = {"turn": [], "prefill": [], "recent": []}
             for rep in range(6):  # the first round warms up (and compiles, on CUDA)
                 for name, r, s in (("turn", rows, whole), ("prefill", rows, one), ("recent", recent, one)):

@@ -36,13 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "assets")]
 
 import algos  # noqa: E402
-from config import Config, rollout_shapes  # noqa: E402
+from config import Config, rollout_shapes, sampler_class  # noqa: E402
 from engine import Engine  # noqa: E402
 from extras.lora import AdaptersOff, add_lora  # noqa: E402
 from model import ResponseLogProbs, load_model, load_tokenizer  # noqa: E402
 from parallel import autocast_context, compute_dtype, full_weights, parallel_mode, weights_dtype, wrap  # noqa: E402
 from extras.plan import estimate, shape_from_config  # noqa: E402
-from rollout import engine_for  # noqa: E402
 from rewards import Problem  # noqa: E402
 from rollout import Sampling, generate  # noqa: E402
 
@@ -181,7 +180,7 @@ def setup(model_dir: str, cfg: Config, device) -> dict:
 
     def existing():
         moments = [v for state in optimizer.state.values() for v in state.values()]
-        kept = Engine.of(lm).buffers() if engine_for(cfg.engine, device.type) == "fast" else []  # the slab, once made
+        kept = Engine.of(lm).buffers() if cfg.engine == "fast" else []  # the slab, once made
         return [*lm.parameters(), *lm.buffers(), *moments, *frozen, *kept]
     return dict(lm=lm, scorer=scorer, optimizer=optimizer, ref=ref, existing=existing)
 
@@ -195,7 +194,8 @@ def measure(model_dir: str, cfg: Config, device) -> dict:
     tok, run = load_tokenizer(model_dir), setup(model_dir, cfg, device)
     autocast, rng, n = autocast_context(cfg, device), random.Random(0), cfg.prompts_per_step
     prompts = [[rng.randint(4, 99) for _ in range(cfg.plan_prompt_tokens - i % 3)] for i in range(n)]
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, cfg.engine)
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk,
+                        sampler=sampler_class(cfg).start(cfg, run["lm"], 1))
     with Peak(device, run["existing"], offset) as rollout, full_weights(run["scorer"]), autocast():
         episodes = generate(run["lm"], tok, [Problem("p", "0")] * n, prompts, group_size=cfg.group_size,
                             sampling=sampling, shape=rollout_shapes(cfg, tok)[0], batch_size=cfg.rollout_batch_size)

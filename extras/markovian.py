@@ -21,7 +21,7 @@ import torch
 import rollout
 from model import forward_columns, inference
 from rewards import Problem
-from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, forward_model, left_pad, plain, stop_ids, written
+from rollout import Chunk, Episode, Sampling, Shape, ends, episodes, left_pad, plain, stop_ids, written
 
 
 @dataclass
@@ -63,11 +63,13 @@ def markovian(lm, tokenizer, queries: list[list[int]], sampling: Sampling, chunk
     going = [i for i, chunks in enumerate(traces)  # I = 1: the plain rollout, nothing more
              if chunking.max_chunks > 1 and not ends(chunks[-1].response_ids, stops)]
     width = max(map(len, queries)) + h  # the padded q ⧺ head block, the same in every round
-    # (with no tail, the prompt is all prefix, and generate needs a token to read; a backend keeps its own cache)
-    cached = bool(going and tail and sampling.backend is None)
+    # (with no tail, the prompt is all prefix, and generate needs a token to read); the model whose forward the
+    # sampler continues (None: a sampler that keeps its own cache, vLLM)
+    runner = sampling.sampler.cache_model(lm) if going and tail else None
+    cached = runner is not None
     if cached:
         with inference(lm):
-            prefix = prefill(forward_model(lm, sampling), [queries[i] + traces[i][0].response_ids[:h] for i in going],
+            prefix = prefill(runner, [queries[i] + traces[i][0].response_ids[:h] for i in going],
                              tokenizer.pad_token_id, width, sampling.prefill_chunk)
         row = {i: r for r, i in enumerate(going)}
     more = replace(sampling, max_new_tokens=sampling.max_new_tokens - chunking.carryover)

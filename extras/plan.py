@@ -32,12 +32,13 @@ from transformers.integrations import sdpa_attention
 
 import algos
 from engine import graph_columns, graph_rows
+from config import sampler_class
 from extras.lora import chosen
 from extras.vllm_engine import KV_BLOCK, PUSH_BYTES, STEP_TOKENS, buckets, kv_cache_bytes, memory_args
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
-from rollout import call_rows, engine_for, prompt_tokens
+from rollout import call_rows, prompt_tokens
 
 SHAPES = Path(__file__).resolve().parent.parent / "assets" / "shapes"
 GiB = 2 ** 30
@@ -121,7 +122,7 @@ class Target:
     world: int  # ranks
     mode: str  # fsdp | ddp
     bytes: int  # compute dtype: 2 (bf16) or 4 (fp32)
-    engine: str  # who generates: fast (engine.py) | hf (generate) | vllm; --engine auto resolved (rollout.engine_for)
+    engine: str  # who generates: fast (engine.py) | hf (generate) | vllm; --engine auto resolved (sampler_class)
 
     @property
     def weight_bytes(self) -> int:
@@ -145,10 +146,10 @@ class Target:
 
 def target_for(cfg, world: int, device_type: str) -> Target:
     """cfg.parallel / cfg.precision / cfg.engine resolved as parallel.py and rollout.py resolve them
-    on that device: auto, auto, auto on cuda -> fsdp, bf16, hf; on cpu -> ddp, fp32, fast."""
+    on that device: auto, auto, auto on cuda -> fsdp, bf16, hf; on cpu -> ddp, fp32, hf."""
     device = torch.device(device_type)
     return Target(device_type, world, parallel_mode(cfg, device),
-                  torch.finfo(compute_dtype(cfg, device)).bits // 8, engine_for(cfg.engine, device_type))
+                  torch.finfo(compute_dtype(cfg, device)).bits // 8, sampler_class(cfg).name)
 
 
 def kv_token_bytes(s: Shape, t: Target) -> int:
@@ -326,7 +327,7 @@ def vllm_step_rows(cfg, s: Shape, t: Target, seqs: int) -> list:
     """What a generate call of `seqs` requests adds inside vLLM, freed after it (its profile run at start
     reserves the same): one layer's activations for a step's tokens (max_num_batched_tokens) and the
     sampler's fp32 [requests, vocab] logits, processed logits and log-probs."""
-    tokens = max(prompt_tokens(cfg) + cfg.max_new_tokens, STEP_TOKENS)
+    tokens = max(prompt_tokens(cfg) + cfg.max_new_tokens, STEP_TOKENS[t.device])
     return [(f"vLLM: one layer's activations, {tokens} tokens a step", tokens * vllm_layer_bytes(s, t)),
             ("vLLM sampler: fp32 [requests, vocab] × 3", seqs * s.vocab * 4 * 3)]
 
@@ -634,7 +635,7 @@ def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
         if _fits(cfg, shape, world, budget, group):
             continue
         options = {}
-        if group == "update" and engine_for(cfg.engine, "cuda") == "fast" and not cfg.engine_release:
+        if group == "update" and sampler_class(cfg).name == "fast" and not cfg.engine_release:
             if _fits(dataclasses.replace(cfg, engine_release=True), shape, world, budget, group):
                 options["engine_release"] = True  # the update without the slab beside it
         if group == "update" and not cfg.gradient_checkpointing:

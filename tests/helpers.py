@@ -206,3 +206,12 @@ def fenced(program: str) -> str:
 def fixture_problems() -> list[dict]:
     """The rows of tests/fixtures/code_problems.jsonl."""
     return [json.loads(line) for line in CODE_PROBLEMS.read_text().splitlines()]
+
+
+def sampler_for(engine: str = "hf", compile: str = "auto"):
+    """Who samples, by --engine's name, as a test builds it outside a run (no slab reserved): "fast" ->
+    engine.Fast with that compile mode, else HF generate (rollout.Generate)."""
+    from engine import Fast
+    from rollout import Generate
+
+    return Fast(compile) if engine == "fast" else Generate()

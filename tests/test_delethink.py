@@ -15,6 +15,7 @@ from extras.markovian import Markovian
 from rollout import Chunk, Episode, Sampling, collate, generate
 from config import DEFAULT_MODEL, Config
 from train import Learner, split_minibatches, update
+from helpers import sampler_for
 
 EOS, PAD = 1, 0
 
@@ -63,7 +64,7 @@ def g(*numbers):
 
 def rollout(lm, c, m, h, cap, queries=(Q,), group_size=1):
     return generate(lm, TOKENIZER, [Problem("p", "0")] * len(queries), list(queries),
-                    group_size=group_size, sampling=Sampling(max_new_tokens=c, engine="hf"),  # it scripts generate
+                    group_size=group_size, sampling=Sampling(max_new_tokens=c),  # it scripts generate
                     shape=Markovian(carryover=m, head=h, max_chunks=cap))
 
 
@@ -126,7 +127,8 @@ def test_query_cache_changes_no_token(arch, prefill_chunk, batch_size, engine):
     def chunked(eos):
         tok = SimpleNamespace(eos_token_id=eos, pad_token_id=PAD, decode=lambda ids, skip_special_tokens: "")
         return generate(lm, tok, [Problem("p", "0")] * len(queries), queries, group_size=1,
-                        sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk, engine=engine),
+                        sampling=Sampling(temperature=0, max_new_tokens=c, prefill_chunk=prefill_chunk,
+                                          sampler=sampler_for(engine)),
                         shape=Markovian(carryover=m, head=h, max_chunks=cap), batch_size=batch_size)
 
     # EOS = a token trace 0 first writes in its third chunk, so traces stop in different rounds.
@@ -154,7 +156,7 @@ def test_one_chunk_is_the_plain_rollout_even_without_eos():
     lm, plain_lm = ScriptedLM(length=20), ScriptedLM(length=20)
     (e,) = rollout(lm, c=8, m=4, h=0, cap=1)
     (p,) = generate(plain_lm, TOKENIZER, [Problem("p", "0")], [Q], group_size=1,
-                    sampling=Sampling(max_new_tokens=8, engine="hf"))
+                    sampling=Sampling(max_new_tokens=8))
     assert e.chunks == p.chunks == [Chunk(Q, g(1, 2, 3, 4, 5, 6, 7, 8))] and e.truncated
     assert lm.prefills == plain_lm.prefills == []
 

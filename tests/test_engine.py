@@ -18,7 +18,7 @@ from rewards import Problem
 from extras.markovian import Markovian
 from rollout import Chunk, Sampling, collate, generate, sample
 
-from helpers import PAD, frequent_token, prompts, random_lm
+from helpers import PAD, frequent_token, prompts, random_lm, sampler_for
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2"]  # random_lm's, each with EXTRA's fields
 # Gemma2: every other layer attends to the last 6 positions only (prompts here reach 12 + 24),
@@ -49,9 +49,9 @@ def test_greedy_equals_hf_generate(arch):
     an EOS that rows write at different steps, so finished rows leave the batch mid-way."""
     lm = random_lm(arch, **EXTRA.get(arch, {}))
     rows = [p for p in prompts([3, 9, 5, 12, 7]) for _ in range(2)]
-    greedy = Sampling(temperature=0, max_new_tokens=24, engine="fast")
+    greedy = Sampling(temperature=0, max_new_tokens=24, sampler=sampler_for("fast"))
     eos = frequent_token([t for t, _ in sample(lm, tokenizer(10_000), rows, greedy)])
-    hf = sample(lm, tokenizer(eos), rows, Sampling(temperature=0, max_new_tokens=24, engine="hf"))
+    hf = sample(lm, tokenizer(eos), rows, Sampling(temperature=0, max_new_tokens=24, sampler=sampler_for()))
     fast = sample(lm, tokenizer(eos), rows, greedy)
     assert [t for t, _ in fast] == [t for t, _ in hf]
     assert len({len(t) for t, _ in hf}) > 1  # some rows ended before others
@@ -93,7 +93,7 @@ def test_new_and_moved_weights_are_seen_without_a_new_graph():
     greedy = Sampling(temperature=0, max_new_tokens=16)
 
     def agrees_with_hf() -> list:
-        hf = sample(lm, tokenizer(-1), rows, replace_engine(greedy, "hf"))
+        hf = sample(lm, tokenizer(-1), rows, replace(greedy, sampler=sampler_for()))
         tokens = [t for t, _ in engine_decode(engine, rows, greedy, -1)]
         assert tokens == [t for t, _ in hf]
         return tokens
@@ -111,10 +111,6 @@ def test_new_and_moved_weights_are_seen_without_a_new_graph():
     assert before != after != moved and Engine.compiles == compiles and engine.moves >= 1
 
 
-def replace_engine(sampling: Sampling, engine: str) -> Sampling:
-    return Sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens, engine=engine)
-
-
 @pytest.mark.parametrize("engine", ["fast", "hf"])
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9)])
 def test_recorded_log_probs_are_the_trainers(engine, temperature, top_k, top_p):
@@ -123,7 +119,7 @@ def test_recorded_log_probs_are_the_trainers(engine, temperature, top_k, top_p):
     init 0.3 the activations are ~15x larger and fp32 rounding alone differs by up to 2e-5.)"""
     lm = random_lm("qwen2", init=0.02)
     rows = [p for p in prompts([4, 10, 6]) for _ in range(3)]
-    sampling = Sampling(temperature, top_p, top_k, max_new_tokens=16, engine=engine)
+    sampling = Sampling(temperature, top_p, top_k, max_new_tokens=16, sampler=sampler_for(engine))
     torch.manual_seed(1)
     eos = frequent_token([t for t, _ in sample(lm, tokenizer(-1), rows, sampling)])
     torch.manual_seed(1)
@@ -188,7 +184,7 @@ def test_a_group_is_prefilled_once():
     seen = []
     hook = lm.model.embed_tokens.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape))
     rows = [p for p in prompts([5, 8, 3, 6]) for _ in range(3)]
-    sample(lm, tokenizer(10_000), rows, Sampling(temperature=1.0, max_new_tokens=6, engine="fast"))
+    sample(lm, tokenizer(10_000), rows, Sampling(temperature=1.0, max_new_tokens=6, sampler=sampler_for("fast")))
     hook.remove()
     assert seen[0] == (4, 8) and all(s == (12, 1) for s in seen[1:]) and len(seen) == 6
 
@@ -205,10 +201,10 @@ def test_a_model_the_engine_cannot_run_is_named_and_generated_by_hf():
     rows = prompts([3, 7])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fast = sample(opaque, tokenizer(-1), rows, Sampling(temperature=0, max_new_tokens=8, engine="fast"))
+        fast = sample(opaque, tokenizer(-1), rows, Sampling(0, max_new_tokens=8, sampler=sampler_for("fast")))
     assert [str(w.message) for w in caught if "engine" in str(w.message)] == [
         "--engine fast: Opaque does not route attention through HF's AttentionInterface; rollouts use HF generate"]
-    assert fast == sample(lm, tokenizer(-1), rows, Sampling(temperature=0, max_new_tokens=8, engine="hf"))
+    assert fast == sample(lm, tokenizer(-1), rows, Sampling(temperature=0, max_new_tokens=8, sampler=sampler_for()))
     assert not math.isnan(fast[0][1][0])
 
 
@@ -302,12 +298,12 @@ def test_compiles_are_bounded_over_a_run(monkeypatch):
     graphs = count_graphs(monkeypatch)
     lm = random_lm("qwen2")
     rows = [p for p in prompts([3, 9, 5, 12]) for _ in range(4)]  # 16 rows
-    train = Sampling(1.0, max_new_tokens=270, engine="fast", engine_compile="eager")  # 12 + 270 columns > 256
-    evaluation = Sampling(0.6, 0.95, max_new_tokens=270, engine="fast", engine_compile="eager")
-    greedy = Sampling(0, max_new_tokens=270, engine="fast", engine_compile="eager")
+    train = Sampling(1.0, max_new_tokens=270, sampler=sampler_for("fast", "eager"))  # 12 + 270 columns > 256
+    evaluation = Sampling(0.6, 0.95, max_new_tokens=270, sampler=sampler_for("fast", "eager"))
+    greedy = Sampling(0, max_new_tokens=270, sampler=sampler_for("fast", "eager"))
     # an EOS that rows write at different steps, from 40 tokens of HF generate: no engine call before the run's
     torch.manual_seed(0)
-    eos = frequent_token([t for t, _ in sample(lm, tokenizer(-1), rows, replace(train, engine="hf",
+    eos = frequent_token([t for t, _ in sample(lm, tokenizer(-1), rows, replace(train, sampler=sampler_for(),
                                                                                 max_new_tokens=40))])
     problems = [Problem("", "") for _ in range(4)]
     counts, lengths = [], set()
@@ -335,8 +331,8 @@ def test_no_sampling_knob_is_a_graph_constant(monkeypatch):
     lm = random_lm("qwen2")
     rows = prompts([3, 9, 5, 12])
     for temperature, top_p in [(1.0, 0.9), (0.6, 0.95), (1.3, 0.5)]:
-        sample(lm, tokenizer(-1), rows, Sampling(temperature, top_p, max_new_tokens=6, engine="fast",
-                                                  engine_compile="eager"))
+        sample(lm, tokenizer(-1), rows, Sampling(temperature, top_p, max_new_tokens=6, sampler=sampler_for("fast",
+                                                  "eager")))
     assert len(graphs) == 1
     for _, inputs in graphs:
         lifted = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float64]
@@ -382,7 +378,7 @@ def test_a_weight_the_inference_copy_lacks_is_named():
     head.weight = lm.lm_head.weight
     lm.lm_head = head
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match=r"lm_head\.bias"):
-        sample(lm, tokenizer(-1), prompts([3, 5]), Sampling(temperature=0, max_new_tokens=4, engine="fast"))
+        sample(lm, tokenizer(-1), prompts([3, 5]), Sampling(0, max_new_tokens=4, sampler=sampler_for("fast")))
 
 
 # ============================================================================ the layers it runs itself
@@ -405,7 +401,7 @@ def test_stacked_projections_write_what_hf_generate_writes(arch):
             p.data.copy_(0.05 * torch.randn(p.shape, generator=draw))
     rows = [p for p in prompts([3, 9, 5, 12, 7]) for _ in range(2)]
     greedy = Sampling(temperature=0, max_new_tokens=24)
-    hf = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, engine="hf"))]
+    hf = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, sampler=sampler_for()))]
     for compile in ("off", "eager"):
         engine = Engine(lm, compile=compile)
         assert [t for t, _ in engine_decode(engine, rows, greedy, -1)] == hf, compile
@@ -442,7 +438,7 @@ def test_a_released_slab_is_given_back_and_taken_again():
     engine = Engine(lm)
     engine.reserve(4, 32, release=True)
     rows, greedy = prompts([4, 11, 7, 9]), Sampling(temperature=0, max_new_tokens=12)
-    hf = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, engine="hf"))]
+    hf = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, sampler=sampler_for()))]
     for _ in range(2):
         assert [t for t, _ in engine_decode(engine, rows, greedy, -1)] == hf
         assert all(t.untyped_storage().nbytes() == 0 for t in engine.keys + engine.values)

@@ -7,7 +7,7 @@ from transformers import CohereConfig, Gemma2Config, GraniteConfig, GraniteForCa
 
 import model
 from model import LogitTransform, ModelError, check_logprobs
-from helpers import frequent_token, random_lm
+from helpers import frequent_token, random_lm, sampler_for
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
@@ -63,7 +63,7 @@ def test_generation_stops_at_every_eos_of_the_generation_config(engine, random_m
     shutil.copytree(random_model_dir, tmp_path, dirs_exist_ok=True)
     tok, lm = load_tokenizer(str(tmp_path)), load_model(str(tmp_path))
     assert tok.stop_ids == [tok.eos_token_id]
-    sampling = Sampling(temperature=1.0, max_new_tokens=12, engine=engine)
+    sampling = Sampling(temperature=1.0, max_new_tokens=12, sampler=sampler_for(engine))
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     torch.manual_seed(0)
     end_of_turn = frequent_token([t for t, _ in sample(lm, tok, prompts * 4, sampling)], tok.stop_ids, after=2)

@@ -190,7 +190,7 @@ def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys
     (["--grade-workers", "0"], "grade_workers=0: must be ≥ 1 (grading worker processes per rank"),
     (["--grade-timeout", "0"], "grade_timeout=0.0: must be > 0 (seconds per grading"),
     (["--eval-top-p", "1.5"], "eval_top_p=1.5: must be > 0 and ≤ 1 (nucleus sampling at eval"),
-    (["--engine", "turbo"], "engine='turbo': choose one of auto, fast, hf, vllm (who generates"),
+    (["--engine", "turbo"], "engine='turbo': choose one of hf, auto, fast, vllm (who generates"),
     (["--algo", "rover", "--rover-temp", "0"], "rover_temp=0.0: must be > 0 (ρ: Q = ρ · (logp − logp_old))"),
     (["--dual-clip", "0.5"], "dual_clip=0.5: must be > 1 (or 0.0: off)"),
     (["--algo", "clip_cov", "--clip-cov-lb", "6"], "clip_cov_lb (6.0) must be < clip_cov_ub (5.0)"),

@@ -40,7 +40,7 @@ cfg = config.parse_config(["--env", "calculator"])
 config.rollout_shapes(cfg, load_tokenizer(cfg.model))
 loaded("flag")
 cfg = config.parse_config(["--engine", "fast"])
-rollout.reserve(load_model(cfg.model), cfg, 1)
+config.sampler_class(cfg).start(cfg, load_model(cfg.model), 1)
 loaded("fast")
 print(json.dumps(seen))"""
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -26,7 +26,8 @@ from model import ResponseLogProbs, load_model, load_tokenizer
 from parallel import load_train_state
 from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate, sample
-from helpers import frequent_token, kill_9, metrics, prompts, random_lm, run_main, same_run, start_train, wait_until
+from helpers import (frequent_token, kill_9, metrics, prompts, random_lm, run_main, same_run, sampler_for, start_train,
+                     wait_until)
 from test_engine import engine_decode, tokenizer
 from test_faults import complete, equal, hidden, train_state
 from test_invariance import CASES, config, make_episodes, one_update, policy
@@ -169,7 +170,7 @@ def test_the_engine_step_compiles_whole_with_lora_layers_and_sees_them():
         expected = engine_decode(eager, rows, sampling, eos)
         torch.manual_seed(3)
         assert engine_decode(traced, rows, sampling, eos) == expected
-    adapted = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, engine="hf"))]
+    adapted = [t for t, _ in sample(lm, tokenizer(-1), rows, replace(greedy, sampler=sampler_for()))]
     assert [t for t, _ in engine_decode(Engine(lm), rows, greedy, -1)] == adapted
     assert adapted != [t for t, _ in base]
 

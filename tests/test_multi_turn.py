@@ -17,7 +17,7 @@ from environments.tools import Calculator, PythonTool
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
 from rollout import Chunk, Episode, Sampling, collate, generate
-from helpers import PAD, frequent_token, prompts, random_lm
+from helpers import PAD, frequent_token, prompts, random_lm, sampler_for
 from train import Learner, update
 
 TINY = "assets/tiny-running-sum"
@@ -417,7 +417,7 @@ def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch)
     two observations of different lengths, so the third turn's contexts are ragged."""
     lm = random_lm(arch)
     queries = prompts([3, 9, 5, 7])
-    greedy = Sampling(temperature=0, max_new_tokens=10, engine="fast")
+    greedy = Sampling(temperature=0, max_new_tokens=10, sampler=sampler_for("fast"))
     from rollout import sample
     eos = frequent_token([t for t, _ in sample(lm, fake_tokenizer(10_000), queries, replace(greedy, max_new_tokens=24))])
     problems = [Problem(str(i), "0") for i in range(len(queries))]
@@ -425,7 +425,7 @@ def test_greedy_multi_turn_traces_equal_between_the_engine_and_hf_generate(arch)
     def run(engine):
         made = iter(range(100))
         return generate(lm, fake_tokenizer(eos), problems, queries, group_size=1,
-                        sampling=replace(greedy, engine=engine),
+                        sampling=replace(greedy, sampler=sampler_for(engine)),
                         shape=MultiTurn(lambda p: Scripted([[11] * (1 + next(made) % 3), [12, 13]]),
                                         Turns(max_turns=3)))
 
@@ -729,14 +729,15 @@ def test_greedy_multi_turn_traces_with_a_stop_string_are_equal_in_both_engines(a
     traces token for token; turns it cut are shorter than the budget and count as ended."""
     lm = random_lm(arch)
     rows = [p for p in prompts([3, 9, 5, 7]) for _ in range(2)]
-    greedy = Sampling(temperature=0, max_new_tokens=24, engine="hf")
+    greedy = Sampling(temperature=0, max_new_tokens=24, sampler=sampler_for())
     from rollout import sample
     first = sample(lm, Spaced(10_000), rows, greedy)[0][0]
     stop = f"{first[4]} {first[5]}"
     traces = {}
     for engine in ("hf", "fast"):
         traces[engine] = generate(lm, Spaced(10_000), [Problem("p", "1")] * 4, rows[::2], group_size=2,
-                                  sampling=replace(greedy, engine=engine), shape=MultiTurn(Scripts(stop), Turns(3)))
+                                  sampling=replace(greedy, sampler=sampler_for(engine)),
+                                  shape=MultiTurn(Scripts(stop), Turns(3)))
     assert [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in traces["fast"]] == \
         [[(c.prompt_ids, c.response_ids) for c in e.chunks] for e in traces["hf"]]
     cut = [c.response_ids for e in traces["hf"] for c in e.chunks if len(c.response_ids) < 24]

@@ -27,7 +27,7 @@ from rewards import Problem
 from rollout import Sampling, collate, encode_prompts, generate
 from test_invariance import METRIC_ABS, METRIC_REL, config, make_episodes, one_update, policy
 from train import Learner, update
-from helpers import qwen2, save_random, share_two_ranks
+from helpers import qwen2, sampler_for, save_random, share_two_ranks
 
 CPU = torch.device("cpu")
 
@@ -84,7 +84,7 @@ def fsdp_update(model_dir, cfg, rank, world, gradient_checkpointing=False):
 
 def greedy_tokens(lm, tok, problems, batch_size=0, engine="hf", compile="auto") -> list[list[int]]:
     eps = generate(lm, tok, problems, encode_prompts(tok, problems, chat_template=True), group_size=GROUP,
-                   sampling=replace(GREEDY, engine=engine, engine_compile=compile), batch_size=batch_size)
+                   sampling=replace(GREEDY, sampler=sampler_for(engine, compile)), batch_size=batch_size)
     return [e.response_ids for e in eps]
 
 
@@ -274,7 +274,7 @@ def test_fsdp_rollouts_use_full_weights_and_leave_shards(two_ranks):
         assert len({tuple(t) for t in r["plain"]}) == len(r["plain"]) // GROUP  # each prompt its own answer
         assert r["together"] == r["plain"], rank
         assert r["batched"] == r["plain"], rank
-        assert r["engine"] == r["plain"], rank  # rollout.decode on the unsharded FSDP model
+        assert r["engine"] == r["plain"], rank  # engine.Fast on the unsharded FSDP model
         assert r["same_objects"] and r["optimizer_holds_them"], "full_weights replaced the parameters"
         assert r["sharded"], "parameters not resharded after full_weights"
         assert r["weights_kept"]

