@@ -77,7 +77,8 @@ class Logger:
             chunks = ({"transcript": e.transcript} if e.transcript else
                       {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
             self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
-                                           "response": e.text, "reward": e.reward, **chunks}) + "\n")
+                                           "response": e.text, "reward": e.reward, **chunks,
+                                           **({"details": e.details} if e.details else {})}) + "\n")
         self.samples.flush()
         if self.tb is not None:
             for k, v in metrics.items():

@@ -45,6 +45,7 @@ class RunConfig:
     data: str = "running_sum"  # built-in task (running_sum, countdown), a .jsonl/.json/.parquet file (of code problems when its rows have tests), a dataset by name (org/name[:config[:split]]) or saved folder (needs datasets), or file.py:Class (a tasks.Task); several, comma-separated, for a mixed run
     data_weights: str = ""  # mixed run: each --data source's share of the training prompts, comma-separated (0.5,0.3,0.2), normalised; "" = equal
     reward: str = ""  # grader of a data file: file.py:function (prompt, response, answer) -> float, run bounded; "" = math-verify
+    reward_terms: str = ""  # several weighted rewards, name=weight comma-separated: correct (the task's grader) and file.py:function (as --reward), each logged as reward/<name>; "" = correct alone
     eval_data: str = ""  # held-out file; built-in tasks use their own held-out split; mixed run: one entry per source, comma-separated, empty for a built-in task
     out: str = ""  # run directory; default runs/<algo>-<timestamp>
     max_steps: int = 150  # rollout batches (each gives K × μ optimizer steps)

@@ -47,11 +47,25 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     if cfg.prompt_template and len(code_files) == len(srcs):
         raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
                         f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
-    if not mixed:
+    if not (mixed or cfg.reward_terms):
         return loaded[domain_name(srcs[0])]
-    from extras.mixed import mix
+    return composed(loaded, cfg, mixed)
 
-    return mix(loaded, data_weights(cfg))
+
+def composed(loaded: dict, cfg: RunConfig, mixed: bool) -> tuple[Task, list[Problem], list[Problem]]:
+    """load's sources made one task (extras/mixed.py) when several, its reward made of --reward-terms' terms
+    (grading/terms.py) when given: each file imported only then."""
+    if mixed:
+        from extras.mixed import mix
+
+        task, problems, held = mix(loaded, data_weights(cfg))
+    else:
+        [(task, problems, held)] = loaded.values()
+    if cfg.reward_terms:
+        from grading.terms import weighted
+
+        task = weighted(task, cfg)
+    return task, problems, held
 
 
 def code_problems(src: str) -> bool:

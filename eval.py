@@ -90,9 +90,9 @@ def sample_record(response: str, verdict, reward: float | None = None) -> dict:
     correct: the task's verdict gave full marks (reward ≥ 1) to the response (a trace: its last
     turn), what pass@k and maj@n count; an environment's reward (1/k for a right answer at attempt
     k: examples/env_retry.py) shapes training and avg@n, and a right final answer is correct at any
-    attempt."""
-    return {"response": response, "answer": verdict.answer,
-            "reward": verdict.reward if reward is None else reward, "correct": verdict.reward >= 1.0,
+    attempt; with --reward-terms the task's own grader decides it (reward/correct), not the weighted total."""
+    return {"response": response, "answer": verdict.answer, "reward": verdict.reward if reward is None else reward,
+            "correct": verdict.details.get("reward/correct", verdict.reward) >= 1.0,
             "failure": verdict.failure, **({"details": verdict.details} if verdict.details else {})}
 
 

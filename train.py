@@ -192,10 +192,10 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     if cfg.turn_credit != "outcome":
         return set_turn_advantages(episodes, algo.norm(cfg), cfg)
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
-    # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens
-    tokens = [torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)] \
-        if algo.response_tokens else []
-    adv = algo.advantages(scores, cfg, *tokens).flatten().float()
+    # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens; GDPO each reward term
+    extra = [torch.tensor([loss_tokens(e, cfg) for e in episodes], dtype=torch.float64).view_as(scores)] \
+        if algo.response_tokens else [episodes] if algo.reward_terms else []
+    adv = algo.advantages(scores, cfg, *extra).flatten().float()
     for e, a in zip(episodes, adv.tolist()):
         e.advantage = a
 

@@ -59,6 +59,8 @@ class Algorithm:
     whole_groups every group sits whole inside one micro-batch (PACS compares a group's rows)
     response_tokens  advantages also gets tokens [n_groups, G], the tokens of each response the
                  loss trains on (REINFORCE++ whitens over the batch's tokens, not its responses)
+    reward_terms advantages also gets the batch's episodes, whose details hold each reward term
+                 (--reward-terms: GDPO normalises the terms apart)
     norm         (cfg) -> the settings (adv_norm, std_estimator, eps) of policy_gradient.advantages
                  that `advantages` applies, so that a turn credit rule (--turn-credit, algos/credit.py)
                  can apply them to each turn's rows of a group; None: the advantage is not a
@@ -81,6 +83,7 @@ class Algorithm:
     vocab_mean: bool = False
     whole_groups: bool = False
     response_tokens: bool = False
+    reward_terms: bool = False
     select_tokens: Callable | None = None
     norm: Callable | None = None
 
