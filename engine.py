@@ -606,7 +606,6 @@ class Engine:
 class Fast(Generate):
     """--engine fast: the run's sampler (config.SAMPLERS) that decodes with the model's Engine; a model the
     engine cannot run (Engine.unsupported) is named and HF generate samples it (Generate)."""
-    name = "fast"
 
     def __init__(self, compile: str = "auto"):
         self.compile, self.since = compile, counters()  # the counts before this run (another run here)

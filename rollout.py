@@ -227,7 +227,6 @@ class Generate:
                                          (Markovian chunks); None: the sampler keeps its own
       metrics()                          its numbers for the step's log
     """
-    name = "hf"  # what --plan counts it as
     alone = True  # eval.py may sample with it (vLLM takes its weights from train.py's optimizer steps)
 
     @classmethod

@@ -30,7 +30,7 @@ MODULES = {  # file -> the --algo names its ALGORITHMS define
     "sapo": ("sapo",),
     "reinforce_pp": ("reinforce_pp",),
     "cov": ("clip_cov", "kl_cov"),
-    "gdpo": ("gdpo",),  # several reward terms, docs/math.md §8
+    "gdpo": ("gdpo",),  # several reward terms, docs/math.md §9
 }
 SHARED_KNOBS = (*ADVANTAGE_KNOBS, *TURN_CREDIT_KNOBS, *CLIP_KNOBS, DUAL_CLIP, LOSS_AGG, *AGGREGATE_KNOBS)
 

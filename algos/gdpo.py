@@ -1,6 +1,6 @@
 """GDPO: each reward term normalised within its group before the terms are summed.
 
-docs/math.md §8. Paper: Liu et al. (NVIDIA), "GDPO: Group reward-Decoupled Normalization Policy
+docs/math.md §9. Paper: Liu et al. (NVIDIA), "GDPO: Group reward-Decoupled Normalization Policy
 Optimization for Multi-reward RL Optimization", arXiv 2601.05242 (Jan 2026). Read from NVlabs/GDPO
 `trl-GDPO/trl-0.18.0-gdpo/trl/trainer/grpo_trainer.py` @ 41f74c5 (the block applied with more than
 one reward) and `verl-GDPO/`.
@@ -14,7 +14,7 @@ whole batch on all ranks:
 
 both stds with Bessel's correction (n − 1). The loss is GRPO's (algos/grpo.py): the clipped surrogate
 with the run's loss_agg. Why: summed first, R = Σ_j w_j r_j, distinct combinations of terms can give
-one group normalised advantage; in the worked example (tests/test_gdpo.py, docs/math.md §8) the
+one group normalised advantage; in the worked example (tests/test_gdpo.py, docs/math.md §9) the
 response that is right and formatted gets what a merely formatted one gets, and GDPO tells them
 apart. With one term the official code does not apply GDPO: it is then GRPO's group normalisation
 with the unbiased std at GDPO's eps, 1e-4, of the run's reward.

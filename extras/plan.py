@@ -31,10 +31,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations import sdpa_attention
 
 import algos
-from engine import graph_columns, graph_rows
+from engine import Fast, graph_columns, graph_rows
 from config import sampler_class
 from extras.lora import chosen
-from extras.vllm_engine import KV_BLOCK, PUSH_BYTES, STEP_TOKENS, buckets, kv_cache_bytes, memory_args
+from extras.vllm_engine import KV_BLOCK, PUSH_BYTES, STEP_TOKENS, VLLM, buckets, kv_cache_bytes, memory_args
 from model import logprob_chunk
 from parallel import compute_dtype, parallel_mode
 from rewards import DataError
@@ -122,7 +122,7 @@ class Target:
     world: int  # ranks
     mode: str  # fsdp | ddp
     bytes: int  # compute dtype: 2 (bf16) or 4 (fp32)
-    engine: str  # who generates: fast (engine.py) | hf (generate) | vllm; --engine auto resolved (sampler_class)
+    engine: str  # who generates: fast (engine.py) | hf (generate) | vllm; --engine auto resolved (sampler_name)
 
     @property
     def weight_bytes(self) -> int:
@@ -149,7 +149,14 @@ def target_for(cfg, world: int, device_type: str) -> Target:
     on that device: auto, auto, auto on cuda -> fsdp, bf16, hf; on cpu -> ddp, fp32, hf."""
     device = torch.device(device_type)
     return Target(device_type, world, parallel_mode(cfg, device),
-                  torch.finfo(compute_dtype(cfg, device)).bits // 8, sampler_class(cfg).name)
+                  torch.finfo(compute_dtype(cfg, device)).bits // 8, sampler_name(cfg))
+
+
+def sampler_name(cfg) -> str:
+    """What --engine's sampler is to the plan: vllm, fast (engine.py) or hf (HF generate; a sampler of your own
+    that subclasses neither is counted as generate)."""
+    sampler = sampler_class(cfg)
+    return "vllm" if issubclass(sampler, VLLM) else "fast" if issubclass(sampler, Fast) else "hf"
 
 
 def kv_token_bytes(s: Shape, t: Target) -> int:
@@ -635,7 +642,7 @@ def suggestions(cfg, shape: Shape, world: int, budget: float) -> list[str]:
         if _fits(cfg, shape, world, budget, group):
             continue
         options = {}
-        if group == "update" and sampler_class(cfg).name == "fast" and not cfg.engine_release:
+        if group == "update" and sampler_name(cfg) == "fast" and not cfg.engine_release:
             if _fits(dataclasses.replace(cfg, engine_release=True), shape, world, budget, group):
                 options["engine_release"] = True  # the update without the slab beside it
         if group == "update" and not cfg.gradient_checkpointing:

@@ -190,7 +190,6 @@ class VLLM(Generate):
     """--engine vllm: this rank's vLLM engine, the run's sampler (config.SAMPLERS), built for the run (cfg) on
     the trainer's model `lm` (its weights pushed from it), for calls of up to `rows` requests of up to
     `columns` tokens. enforce_eager: None = on a CPU only."""
-    name = "vllm"  # what --plan counts it as
     alone = False  # its weights come from train.py's optimizer steps: eval.py samples with hf or fast
 
     @classmethod

@@ -13,7 +13,7 @@ and of eval goes through it: each Verdict's reward is R, its details hold every 
 (reward/<name>, averaged over the batch into that metric, in eval too, and kept per response in
 the logged samples) and reward/correct, the task's own grader's verdict, which eval counts as
 correct whether or not it is a term. --algo gdpo (algos/gdpo.py) reads the terms apart
-(docs/math.md §8); every other algorithm sees R.
+(docs/math.md §9); every other algorithm sees R.
 """
 from __future__ import annotations
 

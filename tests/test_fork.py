@@ -182,7 +182,7 @@ def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys
         assert getattr(config.Config(), name) == knob.default
         assert "--" + name.replace("_", "-") in help_text
     assert config._help("dual_clip").endswith("[grpo, dapo, dr_grpo, lite_ppo, rloo, psr, nsr, w_reinforce, delethink, "
-                                              "reinforce_pp]")
+                                              "reinforce_pp, gdpo]")
     assert config.readers("rover_temp") == ["rover"]
 
 
