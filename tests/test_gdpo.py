@@ -1,4 +1,4 @@
-"""Several reward terms (--reward-terms, grading/terms.py) and GDPO (--algo gdpo, algos/gdpo.py): SPEC §8's
+"""Several reward terms (--reward-terms, grading/terms.py) and GDPO (--algo gdpo, algos/gdpo.py): docs/math.md §9's
 worked example, a one-term gdpo run that is GRPO at GDPO's eps, 1 and 2 ranks, every term's curve in
 metrics.jsonl and TensorBoard, bad input said before anything loads, and a term that fails mid-run."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tasks import RunningSumTask
 
 from helpers import metrics, run_main, same_run, share_two_ranks
 
-# SPEC §8: two groups of G = 4, correctness c and format f. Group B: c = [1, 0, 0, 0], f = [1, 0, 0, 0];
+# docs/math.md §9: two groups of G = 4, correctness c and format f. Group B: c = [1, 0, 0, 0], f = [1, 0, 0, 0];
 # group A: c = [0, 0, 0, 0], f = [1, 0, 0, 0].
 C = [[1, 0, 0, 0], [0, 0, 0, 0]]
 F = [[1, 0, 0, 0], [1, 0, 0, 0]]
@@ -51,7 +51,7 @@ def worked(tmp_path, weights) -> tuple[torch.Tensor, Config, list[Episode]]:
 @pytest.mark.parametrize("weights", list(EXPECTED))
 def test_gdpo_equals_the_spec_worked_example(tmp_path, weights):
     """Each term normalised in its group (Bessel's std + 1e-4; group A's correctness, all 0, gives 0), summed
-    with the weights, normalised over the batch: SPEC §8's advantages to 1e-6, through train.set_advantages as
+    with the weights, normalised over the batch: docs/math.md §9's advantages to 1e-6, through train.set_advantages as
     a step computes them. The summed reward under GDPO's one-term normalisation gives the right-and-formatted
     response of group B what group A's merely formatted one gets (to 2e-4), and GDPO tells them apart by 1.02."""
     scores, cfg, episodes = worked(tmp_path, weights)
@@ -85,7 +85,7 @@ share_two_ranks("gdpo", on_two_ranks)
 
 @pytest.mark.slow
 def test_the_batch_normalisation_spans_two_ranks(spawned_ranks):
-    """On 2 ranks, each holding one group, both ranks compute SPEC §8's advantages of the whole batch (the
+    """On 2 ranks, each holding one group, both ranks compute docs/math.md §9's advantages of the whole batch (the
     batch mean and std are over both groups: rank 1's group A alone would be normalised to other numbers)."""
     for weights, per_rank in spawned_ranks["gdpo"].items():
         assert len(per_rank) == 2
