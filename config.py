@@ -64,7 +64,7 @@ class RunConfig:
     sandbox_memory: int = 1024  # code files and --env python: MiB of address space per process of a program
     answer_after: str = ""  # answer gate: grade only the text after this (Delethink recipe: </think>); a response without it scores 0
     grade_timeout: float = 10.0  # seconds per grading of a data file's row (math-verify or --reward); over it scores 0, counted
-    grade_cpu: float = 2.0  # CPU seconds a math-verify worker spends on one answer; over it scores 0 as a timeout
+    grade_cpu: float = 4.0  # CPU seconds a math-verify worker spends on one answer; over it scores 0 as a timeout
     grade_workers: int = 4  # grading worker processes per rank, grading a batch in parallel (data files)
     grade_budget: float = 120.0  # seconds a rank may spend grading one batch; the rest scores 0, counted; 0 = no limit
     # --- batch sizes

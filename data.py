@@ -66,7 +66,7 @@ def code_problems(src: str) -> bool:
 
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
               grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
-              grade_cpu: float = 2.0, reward: str = "", code: dict | None = None) -> Task:
+              grade_cpu: float = 4.0, reward: str = "", code: dict | None = None) -> Task:
     """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
     problems (CodeTask, built with `code`, its keyword arguments), or any other data file, a saved dataset
     folder or a Hub dataset org/name[:config[:split]] (graded by math-verify, or by the --reward function)."""

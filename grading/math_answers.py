@@ -181,13 +181,14 @@ def without_thousands(text: str) -> str:
 
 def split_parts(text: str) -> list[str]:
     """The parts of a list written in one answer: text split at its commas outside brackets, as
-    OlympiadBench's judge splits answers (`split_by_comma`), but never inside a THOUSANDS number;
-    empty parts dropped. "(1, 2), [3, 4)" -> ["(1, 2)", "[3, 4)"]; "1,000, 7" -> ["1,000", "7"]."""
+    OlympiadBench's judge splits answers (`split_by_comma`), but never inside a THOUSANDS number nor
+    at LaTeX's thin space "\\,"; empty parts dropped. "(1, 2), [3, 4)" -> ["(1, 2)", "[3, 4)"];
+    "1,000, 7" -> ["1,000", "7"]; "\\int_0^1 x\\,dx" -> one part."""
     grouping = {m.start() + i for m in THOUSANDS.finditer(text) for i, c in enumerate(m.group()) if c == ","}
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):
         depth += (c in "([{") - (c in ")]}")
-        if c == "," and depth == 0 and i not in grouping:
+        if c == "," and depth == 0 and i not in grouping and text[i - 1:i] != "\\":  # "\\," is LaTeX spacing
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])

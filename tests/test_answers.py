@@ -200,6 +200,7 @@ def test_one_definition_of_a_thousands_comma(text, grouped):
     # one part: a point, an interval, a number with thousands, a union of sets, a one-element set
     ("(1, 2)", ["(1, 2)"]), ("[0, 1)", ["[0, 1)"]), ("1,000", ["1,000"]), ("$7$", ["7"]),
     ("\\{1\\} \\cup \\{2, 3\\}", ["\\{1\\} \\cup \\{2, 3\\}"]), ("\\{5\\}", ["5"]),
+    ("\\int_{0}^{1} \\frac{\\ln x}{1-x}\\,dx", ["\\int_{0}^{1} \\frac{\\ln x}{1-x}\\,dx"]),  # "\\," is LaTeX spacing
 ])
 def test_listed_parts(gold, parts):
     assert listed_parts(gold) == parts

@@ -277,8 +277,8 @@ EXPLODING = [
 @pytest.fixture(scope="module")
 def patient_grader():
     """One real worker whose parent waits a minute before it kills it: a verdict that comes back from
-    the same process was ended by the worker's own bound, --grade-cpu (grading.pool.GRADE_CPU)."""
-    grader = MathGrader(timeout=60.0)
+    the same process was ended by the worker's own bound, --grade-cpu."""
+    grader = MathGrader(timeout=60.0, cpu=1.0)  # the bound under test, not its default: a quick one
     yield grader
     grader.close()
 
