@@ -50,15 +50,19 @@ def explain_math(gold_field: str, response: str, cpu: float, gold_rule: str = ""
     steps += [("final answer", f"{request['found']}: {shown(request['answer'])}"),
               ("region", f"{shown(request['region'])}  (what math-verify reads; the last number {request['number']!r} "
                          "if it reads nothing there)")]
-    if request["found"].startswith("2.1"):
-        why: list[str] = []
-        last_boxes(CALCULATOR_ANNOTATION.sub("", response), MATH_ANSWER_CHARS, MAX_PARTS, labelled=True, why=why)
-        cut = f"; the box before it is a step: {why[0]}" if why else ""
-        steps.append(("boxes", f"last {len(request['parts'])}: {shown(request['parts'])}; closing run: "
-                               f"{shown(request['run'])}{cut}"))
     golds, listed = answer_parts(gold), listed_parts(gold)
-    steps.append(("gold parts", f"{shown(golds)} (3.1 several parts)" if len(golds) > 1 else
-                  f"{shown(listed)} (3.2 a list written without boxes)" if len(listed) > 1 else "one"))
+    steps.append(("gold parts", f"{shown(golds)} (3.1 several parts: the response's last boxes are its parts)"
+                  if len(golds) > 1 else f"{shown(listed)} (3.2 a list written without boxes: the response's "
+                  "closing run of boxes is its answer)" if len(listed) > 1 else "one"))
+    if request["found"].startswith("2.1") and (len(golds) > 1 or len(request["parts"]) > 1):
+        run = ""
+        if len(golds) == 1 and len(listed) > 1:
+            why: list[str] = []
+            last_boxes(CALCULATOR_ANNOTATION.sub("", response), MATH_ANSWER_CHARS, MAX_PARTS, labelled=True, why=why)
+            run = f"; closing run: {shown(request['run'])}" + (f"; the box before it is a step: {why[0]}" if why else "")
+        elif len(golds) == 1:
+            run = "; a one-part gold reads the last box alone"
+        steps.append(("boxes", f"the last {len(request['parts'])}: {shown(request['parts'])}{run}"))
     decided = precheck(request)
     if decided is not None:
         return steps + [("verdict", f"{decided.reward}: 4.1 the pre-check: plain arithmetic that cannot be within "
