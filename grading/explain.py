@@ -24,7 +24,7 @@ from pathlib import Path
 
 from grading.math_answers import (CALCULATOR_ANNOTATION, MATH_ANSWER_CHARS, MAX_PARTS, AnswerTooLong, answer_parts,
                                   gold_reading, judge, last_boxes, listed_parts, math_request)
-from grading.pool import GRADE_CPU, OverCPU, _on_cpu_limit, warm_up, within_cpu
+from grading.pool import GRADE_CPU, OverCPU, on_cpu_limit, warm_up, within_cpu
 from grading.precheck import precheck
 from rewards import COUNTDOWN_ANSWER_CHARS, RUNNING_SUM_ANSWER_CHARS, ExpressionError, Problem, answer_window
 from rewards import extract_tag, grade_countdown, grade_running_sum, parse_arithmetic
@@ -71,7 +71,7 @@ def explain_math(gold_field: str, response: str, cpu: float, gold_rule: str = ""
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     warm_up(math_verify)  # as a worker does before its first answer: the bound is sized for a warmed worker
-    previous = signal.signal(signal.SIGPROF, _on_cpu_limit)
+    previous = signal.signal(signal.SIGPROF, on_cpu_limit)
     try:
         judged = within_cpu(cpu, judge, math_verify, request)
     except OverCPU:

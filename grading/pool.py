@@ -270,7 +270,7 @@ def _math_worker(cpu_seconds: float) -> None:
 
     import math_verify
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
-    signal.signal(signal.SIGPROF, _on_cpu_limit)
+    signal.signal(signal.SIGPROF, on_cpu_limit)
     warm_up(math_verify)
     print(json.dumps("ready"), flush=True)
     for line in sys.stdin:
@@ -303,14 +303,15 @@ class OverCPU(BaseException):
 _cpu_limited = False  # whether a SIGPROF now ends the grading (within_cpu arms it)
 
 
-def _on_cpu_limit(signum, frame) -> None:
+def on_cpu_limit(signum, frame) -> None:
+    """The SIGPROF handler within_cpu relies on: a process routes SIGPROF here once, on its main thread."""
     if _cpu_limited:
         raise OverCPU
 
 
 def within_cpu(seconds: float, fn, *args, **kwargs):
     """fn(*args, **kwargs), raising OverCPU once this process has spent `seconds` of CPU time on
-    it (SIGPROF, which the caller routes to _on_cpu_limit; math-verify's own timeout interrupts sympy
+    it (SIGPROF, which the caller routes to on_cpu_limit; math-verify's own timeout interrupts sympy
     the same way, by a signal, on wall time). The signal repeats every 0.05 s until fn ends, in case
     a bare `except:` in sympy swallows one; when fn ends the flag goes down first, so that a signal
     still pending then does nothing."""

@@ -313,7 +313,7 @@ def _swallow_once() -> None:
 def test_the_cpu_bound_ends_a_computation_and_disarms():
     """within_cpu raises OverCPU once its CPU time is spent, even past an `except:` that swallows
     the first signal, and leaves no timer armed; what ends in time returns its value."""
-    previous = signal.signal(signal.SIGPROF, pool._on_cpu_limit)
+    previous = signal.signal(signal.SIGPROF, pool.on_cpu_limit)
     try:
         for work in (lambda: _spin(30.0), _swallow_once):
             with pytest.raises(pool.OverCPU):
