@@ -26,7 +26,7 @@ from grading.math_answers import (CALCULATOR_ANNOTATION, MATH_ANSWER_CHARS, MAX_
                                   gold_reading, judge, last_boxes, listed_parts, math_request)
 from grading.pool import GRADE_CPU, OverCPU, on_cpu_limit, warm_up, within_cpu
 from grading.precheck import precheck
-from rewards import COUNTDOWN_ANSWER_CHARS, RUNNING_SUM_ANSWER_CHARS, ExpressionError, Problem, answer_window
+from rewards import COUNTDOWN_ANSWER_CHARS, RUNNING_SUM_ANSWER_CHARS, DataError, ExpressionError, Problem, answer_window
 from rewards import extract_tag, grade_countdown, grade_running_sum, parse_arithmetic
 
 SHOWN = 160  # characters of any text printed: a hostile response is cut here, with its length said
@@ -106,6 +106,13 @@ def text_argument(value: str) -> str:
     return Path(value[1:]).read_text(encoding="utf-8", errors="surrogatepass") if value.startswith("@") else value
 
 
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m grading.explain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--response", required=True, type=text_argument, help="the response, or @FILE")
@@ -119,18 +126,26 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if (args.gold is None) == (args.data is None):
         parser.error("give the gold (--gold) or where it is (--data FILE --row N), one of them")
+    if args.data and args.task != "math":
+        parser.error(f"--data {args.data}: a data file is graded by the math grader; --task {args.task} takes --gold")
     if args.data:
         from grading.files import load_file
 
-        problem = load_file(args.data)[args.row]
+        try:
+            problems = load_file(args.data)
+        except DataError as e:
+            parser.error(str(e))
+        if not 0 <= args.row < len(problems):
+            parser.error(f"--row {args.row}: {args.data} has rows 0 to {len(problems) - 1}")
+        problem = problems[args.row]
         print(f"{'problem':13s} {shown(problem.prompt)}")
         steps = explain_math(problem.answer, args.response, args.grade_cpu,
                              gold_rule=f"rule 1 on the answer field of {args.data}, row {args.row}")
     elif args.task == "math":
         steps = explain_math(args.gold, args.response, args.grade_cpu)
     else:
-        if args.task == "countdown":
-            json.loads(args.gold)  # a malformed gold is the caller's mistake: say so before grading
+        if args.task == "countdown" and not isinstance(_json_or_none(args.gold), dict):
+            parser.error('--gold: countdown\'s gold is {"numbers": [...], "target": n}')
         steps = explain_task(args.task, args.gold, args.response)
     print(f"{'response':13s} {shown(args.response)}")
     for label, what in steps:

@@ -3,6 +3,7 @@ the grader's own functions, so its verdict is the grader's (checked against a Ma
 fixtures of every rule family); the rule it names is the one docs/math.md numbers; a hostile response
 is read in bounded time, cut in what is printed, and never crashes it."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,14 @@ def test_a_data_files_row_gives_the_gold(capsys):
     main(["--data", str(FIXTURES / "gsm8k.jsonl"), "--row", "1", "--response", "#### 1200"])
     printed = capsys.readouterr().out
     assert "gold          '1,200'" in printed and "verdict       1.0" in printed
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--data", str(FIXTURES / "gsm8k.jsonl"), "--row", "9"], "--row 9: .*gsm8k.jsonl has rows 0 to 4"),
+    (["--task", "countdown", "--gold", "5"], "countdown's gold is"),
+    (["--gold", "1", "--data", str(FIXTURES / "gsm8k.jsonl")], "one of them"),
+])
+def test_a_mistake_is_said_not_raised(argv, said, capsys):
+    with pytest.raises(SystemExit):
+        main([*argv, "--response", "x"])
+    assert re.search(said, capsys.readouterr().err)
