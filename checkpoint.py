@@ -73,11 +73,11 @@ class Logger:
         self.metrics.flush()
         for run in self.runs:  # wandb, trackio
             run.log(metrics, step=step)
-        for e in samples:
-            chunks = ({"transcript": e.transcript} if e.transcript else
-                      {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {})
-            self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "answer": e.problem.answer,
-                                           "response": e.text, "reward": e.reward, **chunks,
+        for e in samples:  # a Markovian trace also with what each chunk wrote, a multi-turn one with its transcript
+            self.samples.write(json.dumps({"step": step, "prompt": e.problem.prompt, "gold": e.problem.answer,
+                                           "response": e.text, "extracted": e.extracted, "reward": e.reward,
+                                           **({"transcript": e.transcript} if e.transcript else
+                                              {"chunks": e.chunk_texts(self.tokenizer)} if len(e.chunks) > 1 else {}),
                                            **({"details": e.details} if e.details else {})}) + "\n")
         self.samples.flush()
         if self.tb is not None:

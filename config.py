@@ -65,6 +65,7 @@ class RunConfig:
     sandbox_memory: int = 1024  # code files and --env python: MiB of address space per process of a program
     answer_after: str = ""  # answer gate: grade only the text after this (Delethink recipe: </think>); a response without it scores 0
     grade_timeout: float = 10.0  # seconds per grading of a data file's row (math-verify or --reward); over it scores 0, counted
+    grade_cpu: float = 4.0  # CPU seconds a math-verify worker spends on one answer; over it scores 0 as a timeout
     grade_workers: int = 4  # grading worker processes per rank, grading a batch in parallel (data files)
     grade_budget: float = 120.0  # seconds a rank may spend grading one batch; the rest scores 0, counted; 0 = no limit
     # --- batch sizes
@@ -367,7 +368,8 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "chunk_head": dict(at_least=-1), "lora_rank": dict(at_least=0), "lora_alpha": dict(above=0),
     "lora_lr_scale": dict(above=0), "eval_temperature": dict(at_least=0), "eval_top_p": dict(above=0, at_most=1),
     "eval_batch_size": dict(at_least=1), "eval_problems": dict(at_least=0), "grade_timeout": dict(above=0),
-    "grade_workers": dict(at_least=1), "grade_budget": dict(at_least=0), "keep_checkpoints": dict(at_least=0),
+    "grade_cpu": dict(above=0), "grade_workers": dict(at_least=1), "grade_budget": dict(at_least=0),
+    "keep_checkpoints": dict(at_least=0),
     "max_tokens_per_micro_batch": dict(at_least=0), "rollout_batch_size": dict(at_least=0),
     "prefill_chunk": dict(at_least=0), "world_size": dict(at_least=0), "dist_timeout": dict(above=0),
     "gpu_memory": dict(above=0), "plan_prompt_tokens": dict(above=0), "precision": dict(choices=DTYPES),

@@ -26,7 +26,7 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     for src, held_out in zip(srcs, held_out_files(cfg)):
         task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
                          sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
-                         grade_budget=cfg.grade_budget, code=code,
+                         grade_budget=cfg.grade_budget, grade_cpu=cfg.grade_cpu, code=code,
                          reward="" if mixed and code_file[src] else cfg.reward)  # a code file has its tests
         problems, held = task.splits()
         if held_out:
@@ -80,7 +80,7 @@ def code_problems(src: str) -> bool:
 
 def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_digits: int = 2,
               grade_timeout: float = 10.0, grade_workers: int = 4, grade_budget: float = 0.0,
-              reward: str = "", code: dict | None = None) -> Task:
+              grade_cpu: float = 4.0, reward: str = "", code: dict | None = None) -> Task:
     """One --data source -> its Task: a name of TASKS, path/to/file.py:Class, a file of code
     problems (CodeTask, built with `code`, its keyword arguments), or any other data file, a saved dataset
     folder or a Hub dataset org/name[:config[:split]] (graded by math-verify, or by the --reward function)."""
@@ -98,6 +98,6 @@ def make_task(data: str, *, sum_min_terms: int = 3, sum_max_terms: int = 5, sum_
     from grading.files import DATA_SUFFIXES, FileTask, is_dataset_name  # rows, golds, math-verify or --reward
 
     if data.endswith(DATA_SUFFIXES) or Path(data).exists() or is_dataset_name(data):
-        return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward)
+        return FileTask(data, grade_timeout, grade_workers, grade_budget, reward=reward, cpu=grade_cpu)
     raise DataError(f"--data {data!r}: not a built-in task ({', '.join(TASKS)}), a .jsonl/.json/.parquet "
                     f"file, a saved dataset folder, a Hub dataset org/name[:config[:split]], nor path/to/file.py:Class")

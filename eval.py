@@ -63,11 +63,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def majority(samples: list[dict]) -> tuple[str | None, dict | None]:
     """(most frequent extracted answer, the first sample that gave it); a tie goes to the answer seen
     first, and responses without an answer do not vote. Answers 5, 7, 7, None -> ("7", the 2nd sample)."""
-    votes = Counter(s["answer"] for s in samples if s["answer"] is not None)
+    votes = Counter(s["extracted"] for s in samples if s["extracted"] is not None)
     if not votes:
         return None, None
     top = votes.most_common(1)[0][0]  # most_common keeps first-seen order among equal counts
-    return top, next(s for s in samples if s["answer"] == top)
+    return top, next(s for s in samples if s["extracted"] == top)
 
 
 def graded(task, episodes, tokenizer, answer_after: str = "") -> list[dict]:
@@ -91,7 +91,8 @@ def sample_record(response: str, verdict, reward: float | None = None) -> dict:
     turn), what pass@k and maj@n count; an environment's reward (1/k for a right answer at attempt
     k: examples/env_retry.py) shapes training and avg@n, and a right final answer is correct at any
     attempt; with --reward-terms the task's own grader decides it (reward/correct), not the weighted total."""
-    return {"response": response, "answer": verdict.answer, "reward": verdict.reward if reward is None else reward,
+    return {"response": response, "extracted": verdict.answer,
+            "reward": verdict.reward if reward is None else reward,
             "correct": verdict.details.get("reward/correct", verdict.reward) >= 1.0,
             "failure": verdict.failure, **({"details": verdict.details} if verdict.details else {})}
 

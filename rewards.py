@@ -12,7 +12,7 @@ raises: a grader that fails scores 0 and says why in Verdict.failure, which the 
   final-answer statement ("Answer: x", "The answer is x"), a closing **x**, any LaTeX or number
   math-verify finds, the last number standing alone; the gold decides how the answer is read (a
   gold of several parts, a time of day, a letter as a variable), and an answer that would stall
-  the library is decided without it when it cannot be right (math_answers.precheck). The rules and
+  the library is decided without it when it cannot be right (grading/precheck.py). The rules and
   their sources: grading/math_answers.py and docs/math.md, "Grading math answers". The worker sees at most
   math_answers.MATH_ANSWER_CHARS of the response;
 - your own function, `--reward path/to/file.py:function` (grading.pool.RewardFunction), in worker

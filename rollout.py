@@ -54,6 +54,7 @@ class Episode:
     problem: Problem
     reward: float = 0.0  # the task's verdict (0/1)
     grader_failed: bool = False  # the grader timed out or crashed, so reward is 0 by default
+    extracted: str | None = None  # the answer the grader read (Verdict.answer); None: it found none
     details: dict = field(default_factory=dict)  # the grader's numbers to log (Verdict.details)
     score: float = 0.0  # reward after shaping (e.g. DAPO overlong penalty); what advantages use
     advantage: float = 0.0  # set by the algorithm before the update
@@ -67,7 +68,8 @@ class Episode:
     def settle(self, verdict) -> None:
         """Take the grader's verdict (rewards.Verdict), unless the environment rewarded the trace."""
         self.reward = verdict.reward if self.env_reward is None else self.env_reward
-        self.grader_failed, self.details = bool(verdict.failure), {**self.details, **verdict.details}
+        self.grader_failed, self.extracted, self.details = (bool(verdict.failure), verdict.answer,
+                                                            {**self.details, **verdict.details})
 
     def chunk_texts(self, tokenizer) -> list[str]:
         """What each chunk wrote, for logs (a Markovian trace's `text` is only its tail)."""

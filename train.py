@@ -120,13 +120,13 @@ def shaped_score(e: Episode, cfg: Config) -> float:
 def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
     rewards = np.array([e.reward for e in episodes])
     lengths = np.array([len(e.response_ids) for e in episodes])
-    grouped = rewards.reshape(-1, group_size)
     return {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
-            "reward/zero_std_groups": float((grouped.std(1) == 0).mean()),
+            "reward/zero_std_groups": float((rewards.reshape(-1, group_size).std(1) == 0).mean()),
             "score/mean": float(np.mean([e.score for e in episodes])),
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
-            "tokens/generated": lengths.sum(),
-            "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
+            "tokens/generated": lengths.sum(), "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
+            "reward/format_failures": float(np.mean([e.extracted is None and not e.grader_failed  # of the zeros: no
+                                                     for e in episodes if e.reward == 0] or [0.0])),  # answer at all
             "length/truncated": float(np.mean([e.truncated for e in episodes])),
             **detail_means([e.details for e in episodes])}
 

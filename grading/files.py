@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 
 from grading.math_answers import gold_answer
-from grading.pool import MathGraderPool, RewardFunction
+from grading.pool import GRADE_CPU, MathGraderPool, RewardFunction
 from rewards import DataError, Problem, Verdict
 from tasks import Task
 
@@ -56,20 +56,20 @@ DATASET_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*){0,2}")  # org/name[:config
 
 class FileTask(Task):
     """Problems from a benchmark file (`load_file`), graded in a pool of `workers` processes:
-    math-verify (grading.pool.MathGraderPool), or the `reward` function (grading.pool.RewardFunction);
-    `budget` seconds a batch (0: no limit; see rewards.grade_batch)."""
+    math-verify (grading.pool.MathGraderPool, `cpu` seconds of CPU time an answer), or the `reward`
+    function (grading.pool.RewardFunction); `budget` seconds a batch (0: no limit; see rewards.grade_batch)."""
 
     name = "file"
 
     def __init__(self, path: str, grade_timeout: float = 10.0, workers: int = 4, budget: float = 0.0,
-                 reward: str = ""):
+                 reward: str = "", cpu: float = GRADE_CPU):
         if not reward and importlib.util.find_spec("math_verify") is None:  # say so now, not as 0 per answer
             raise DataError(f"{path}: grading a benchmark file needs math-verify: pip install math-verify "
                             f"(or give --reward file.py:function)")
         self.path, self.budget = path, budget
         self.problems = load_file(path)
         self.grader = RewardFunction(reward, grade_timeout, workers) if reward else MathGraderPool(grade_timeout,
-                                                                                                   workers)
+                                                                                                   workers, cpu=cpu)
 
     def splits(self) -> tuple[list[Problem], list[Problem]]:
         return self.problems, []  # its held-out problems are another file's (--eval-data)

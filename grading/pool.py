@@ -6,9 +6,10 @@ limit: past it the worker is killed, the answer scores 0 with failure "timeout",
 request gets a fresh worker. A `GraderPool` drives several workers from threads, so one slow
 answer holds up one worker, not the batch; an optional budget (seconds) bounds the whole batch,
 and what it leaves ungraded scores failure "budget". The pools: `MathGraderPool` (math-verify, a
-data file's grader, whose answer rules and pre-check are grading/math_answers.py's, and whose workers
-run that module with --math-worker) and `RewardFunction` (--reward path/to/file.py:function, whose
-workers run this module: `--reward-worker file.py function row|batch`); `module_command` starts either.
+data file's grader, whose answer rules are grading/math_answers.py's and pre-check grading/precheck.py's,
+and whose workers run this module: `--math-worker CPU_SECONDS`, each answer within that much CPU time,
+rule 4.2 of docs/math.md) and `RewardFunction` (--reward path/to/file.py:function, whose workers run
+this module too: `--reward-worker file.py function row|batch`); `module_command` starts either.
 
 Verdict, answer extraction, the built-in graders and grade_batch are in rewards.py.
 """
@@ -28,7 +29,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from grading.math_answers import AnswerTooLong, math_request, precheck
+from grading.math_answers import AnswerTooLong, judge, math_request
+from grading.precheck import precheck
 from rewards import DataError, Problem, Verdict, is_reward, plugin_spec
 
 
@@ -209,16 +211,18 @@ class GraderPool:
 
 # ----------------------------------------------------------------------------- math-verify
 
+GRADE_CPU = 4.0  # --grade-cpu's default: see _math_worker
+
+
 class MathGrader(GradingWorker):
     """HF math-verify in a child process (a GradingWorker), one answer at a time. The worker is sent
-    the answer region, the last boxes and the last number of the response's tail, found here in
-    bounded time, so no length of response reaches sympy; every answer sent is graded by the
-    library (see precheck for the answers that MathGraderPool decides without it). `command`
+    the answer region, the last boxes and the last number of the response's tail (math_request),
+    found here in bounded time, so no length of response reaches sympy; an answer that the pre-check
+    decides is never sent. `cpu`: the worker's CPU seconds per answer (--grade-cpu); `command`
     replaces the worker, for tests."""
 
-    def __init__(self, timeout: float = 10.0, command: list[str] | None = None):
-        super().__init__(command or module_command("grading.math_answers", "--math-worker"),
-                         timeout)
+    def __init__(self, timeout: float = 10.0, command: list[str] | None = None, cpu: float = GRADE_CPU):
+        super().__init__(command or module_command("grading.pool", "--math-worker", str(cpu)), timeout)
 
     def __call__(self, response: str, gold: str, deadline: float | None = None) -> Verdict:
         """The verdict on one response; past the `deadline` it scores failure "budget"."""
@@ -228,28 +232,97 @@ class MathGrader(GradingWorker):
             request = math_request(response, gold)
         except AnswerTooLong:
             return Verdict(0.0)
-        return verdict(*self.ask(request, deadline))
+        return precheck(request) or verdict(*self.ask(request, deadline))
 
 
 class MathGraderPool(GraderPool):
-    """`workers` MathGraders: a data file's grader when no --reward is given. An answer that
-    precheck decides never reaches a worker (in the trainer's process, in well under a second)."""
+    """`workers` MathGraders: a data file's grader when no --reward is given."""
 
-    def __init__(self, timeout: float = 10.0, workers: int = 4, command: list[str] | None = None):
-        super().__init__([MathGrader(timeout, command) for _ in range(workers)])
+    def __init__(self, timeout: float = 10.0, workers: int = 4, command: list[str] | None = None,
+                 cpu: float = GRADE_CPU):
+        super().__init__([MathGrader(timeout, command, cpu) for _ in range(workers)])
 
     def __call__(self, response: str, gold: str) -> Verdict:
         """One answer, on the first worker: a single grading does not start the others."""
-        return precheck(response, gold) or self.graders[0](response, gold)
+        return self.graders[0](response, gold)
 
     def grade_one(self, problem: Problem, response: str) -> Verdict:
         return self(response, problem.answer)
 
     def grade_items(self, items: list[tuple[Problem, str]], budget: float = 0.0) -> list[Verdict]:
-        requests = [(response, problem.answer) for problem, response in items]
-        decided = [precheck(*request) for request in requests]
-        graded = iter(self.grade_all([r for r, d in zip(requests, decided) if d is None], budget))
-        return [d or next(graded) for d in decided]
+        return self.grade_all([(response, problem.answer) for problem, response in items], budget)
+
+
+def _math_worker(cpu_seconds: float) -> None:
+    """The child side of MathGrader: `math_request` JSON lines in, Verdict JSON lines out; each
+    answer judged within `cpu_seconds` of CPU time (within_cpu), or scored 0 as a "timeout".
+
+    Rule 4.2, the CPU bound: an answer whose comparison explodes under sympy (a power of a sum
+    expanded, (x+1)^{1000}: 5 s; a power tower against an integral: 4 s; \\binom{10^9}{5 \\cdot 10^8}:
+    unbounded) ends here, in the worker, instead of at the parent's --grade-timeout and a worker
+    restart. CPU time, not wall time, so that a loaded machine does not change a verdict; a slower
+    CPU can, so the default, GRADE_CPU, is 2x the slowest legitimate grading found on a warmed worker:
+    a right answer to an unevaluated integral, 1.3-1.8 s (its series, 0.9-1.1 s; the suite's fixtures
+    at most 0.3 s, math-verify's own test triples 0.6 s: docs/measured.md, issue 61). It is sized for a
+    warmed worker: warm_up pays sympy's first-use imports, 0.2-0.5 s each, which would otherwise land
+    on the first answer of each kind, so a change to the warm-up changes what the bound allows."""
+    import logging
+
+    import math_verify
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
+    signal.signal(signal.SIGPROF, on_cpu_limit)
+    warm_up(math_verify)
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        try:
+            judged = within_cpu(cpu_seconds, judge, math_verify, json.loads(line))
+            reply = {"reward": judged.reward, "answer": judged.answer, "failure": ""}
+        except OverCPU:
+            reply = {"reward": 0.0, "answer": None, "failure": "timeout"}
+        except Exception:  # noqa: BLE001 - any grader crash scores 0 and is counted, never kills the run
+            reply = {"reward": 0.0, "answer": None, "failure": "error"}
+        print(json.dumps(reply), flush=True)
+
+
+def warm_up(mv) -> None:
+    """Grade what pays sympy's first-use costs (it imports modules on first use: 0.2-0.5 s each, for the
+    first grading, simplification, relation, sum and integral), no answer's fault nor its CPU time (_math_worker
+    says how the CPU bound depends on it)."""
+    for gold, response in (("1", "\\boxed{1}"), ("x^2-1", "\\boxed{(x-1)(x+1)}"),
+                           ("1 \\le x \\le 2", "\\boxed{x \\in [1, 2]}"),
+                           ("F_n = \\sum_{k=0}^{n-1} a_k", "\\boxed{F_n = \\sum_{k=0}^{n-2} a_k}"),
+                           ("\\int_{0}^{1} x \\, dx", "\\boxed{\\frac{1}{2}}")):
+        judge(mv, math_request(response, gold))
+
+
+class OverCPU(BaseException):
+    """A grading passed its CPU time. A BaseException, as math-verify's own TimeoutException is, so
+    that no `except Exception` in sympy or the library swallows it."""
+
+
+_cpu_limited = False  # whether a SIGPROF now ends the grading (within_cpu arms it)
+
+
+def on_cpu_limit(signum, frame) -> None:
+    """The SIGPROF handler within_cpu relies on: a process routes SIGPROF here once, on its main thread."""
+    if _cpu_limited:
+        raise OverCPU
+
+
+def within_cpu(seconds: float, fn, *args, **kwargs):
+    """fn(*args, **kwargs), raising OverCPU once this process has spent `seconds` of CPU time on
+    it (SIGPROF, which the caller routes to on_cpu_limit; math-verify's own timeout interrupts sympy
+    the same way, by a signal, on wall time). The signal repeats every 0.05 s until fn ends, in case
+    a bare `except:` in sympy swallows one; when fn ends the flag goes down first, so that a signal
+    still pending then does nothing."""
+    global _cpu_limited
+    _cpu_limited = True
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.05)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _cpu_limited = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 # ----------------------------------------------------------------------------- --reward file.py:function
@@ -392,3 +465,5 @@ def _scores(call, n: int) -> list[dict]:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--reward-worker"]:
     _reward_worker(*sys.argv[2:5])
+if __name__ == "__main__" and sys.argv[1:2] == ["--math-worker"]:
+    _math_worker(float(sys.argv[2]))

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from grading import math_answers
+from grading import precheck as precheck_module
 from grading.pool import MathGraderPool
-from grading.math_answers import Huge, arithmetic, clock_time, precheck, same_clock, uses_variables
-from grading.math_answers import MATH_ANSWER_CHARS, MAX_PARTS, decimal_reading, listed_parts, math_request
-from grading.math_answers import answer_parts, gold_answer, last_boxes, split_parts, stated_answer
+from grading.precheck import Huge, arithmetic
+from grading.math_answers import MATH_ANSWER_CHARS, MAX_PARTS, clock_time, decimal_reading, listed_parts, math_request
+from grading.math_answers import answer_parts, gold_answer, last_boxes, same_clock, split_parts, stated_answer
+from grading.math_answers import STEP_WORDS, THOUSANDS, uses_variables, without_thousands
 from rewards import Problem, Verdict
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -164,6 +165,34 @@ def test_last_boxes():
     assert last_boxes(spaced) == ["1", "2"] and last_boxes(spaced, max_chars=4096) == ["2"]
 
 
+def test_every_step_word_makes_the_box_before_it_a_step():
+    """STEP_WORDS is the list the runs are cut by: a fork that edits it edits the rule."""
+    for word in STEP_WORDS:
+        assert last_boxes(f"\\boxed{{1}}, {word} \\boxed{{2}}") == ["2"], word
+        assert last_boxes(f"\\boxed{{1}}, {word.upper()} \\boxed{{2}}") == ["2"], word
+    assert last_boxes("\\boxed{1}, both correct, and \\boxed{2}") == ["1", "2"]  # "correct" affirms
+
+
+@pytest.mark.parametrize("response,reward", [
+    ("\\boxed{2}, both correct, and \\boxed{3}", 1.0),  # scored 0 while "correct" was a step word; bare math-verify: 1
+    ("\\boxed{2}, which is not prime, and \\boxed{3}", 0.0),  # the list's price: "not" labels here, and cuts
+    ("\\boxed{2} is incorrect, \\boxed{3}", 0.0),  # taken back: 3 alone (joined, it read {2, 3})
+])
+def test_step_words_against_a_list_gold(grader, response, reward):
+    assert grader(response, "2, 3").reward == reward
+
+
+@pytest.mark.parametrize("text,grouped", [("1,000", True), ("-12,345", True), ("1,234,567", True), ("0,111", False),
+                                          ("1234,567", False), ("1,22", False)])
+def test_one_definition_of_a_thousands_comma(text, grouped):
+    """split_parts keeps a grouped number whole, decimal_reading never reads its comma as a point, and
+    the pre-check reads it without commas: one rule, THOUSANDS, for all three."""
+    assert bool(THOUSANDS.fullmatch(text)) is grouped
+    assert (split_parts(text) == [text]) is grouped
+    assert (without_thousands(text) == text.replace(",", "")) is grouped
+    assert (decimal_reading(text) is None) is (grouped or text.count(",") > 1)
+
+
 @pytest.mark.parametrize("gold,parts", [
     ("(2, 2), (6, 2)", ["(2, 2)", "(6, 2)"]), ("$k = 45, n = 2$", ["k = 45", "n = 2"]), ("{1,2,3}", ["1", "2", "3"]),
     ("\\{1, 2, 3\\}", ["1", "2", "3"]), ("\\left\\{ (1, 2), (3, 4) \\right\\}", ["(1, 2)", "(3, 4)"]),
@@ -171,6 +200,7 @@ def test_last_boxes():
     # one part: a point, an interval, a number with thousands, a union of sets, a one-element set
     ("(1, 2)", ["(1, 2)"]), ("[0, 1)", ["[0, 1)"]), ("1,000", ["1,000"]), ("$7$", ["7"]),
     ("\\{1\\} \\cup \\{2, 3\\}", ["\\{1\\} \\cup \\{2, 3\\}"]), ("\\{5\\}", ["5"]),
+    ("\\int_{0}^{1} \\frac{\\ln x}{1-x}\\,dx", ["\\int_{0}^{1} \\frac{\\ln x}{1-x}\\,dx"]),  # "\\," is LaTeX spacing
 ])
 def test_listed_parts(gold, parts):
     assert listed_parts(gold) == parts
@@ -207,7 +237,7 @@ def test_the_joined_run_is_bounded(grader):
 
 @pytest.mark.parametrize("text,answer", [
     ("Jen picked <<10+20+25=55>>55 apples.\nA: 55", "55"),
-    ("Q: two and two?\nA: <<2+2=4>>4\n", "4"),
+    ("Q: two and two?\nA: 4\n", "4"),
     ("Half of 24.\nAnswer: 12", "12"),
     ("Final Answer: 12", "12"),
     ("ANSWER:\n$\\frac{1}{2}$", "\\frac{1}{2}"),
@@ -220,6 +250,18 @@ def test_stated_answer(text, answer):
     assert stated_answer(text)[1] == answer
 
 
+@pytest.mark.parametrize("response,found,answers", [
+    # after the last box only a statement of the *final* answer is the answer (rule 2.2), as in Minerva's format
+    ("so \\boxed{5}. The answer is 7.", "2.1 the last box", {"5": 1.0, "7": 0.0}),
+    ("so \\boxed{5}.\nAnswer: 7", "2.1 the last box", {"5": 1.0, "7": 0.0}),
+    ("so \\boxed{5}. Final Answer: The final answer is $7$.", "2.2 a final answer stated after the last box",
+     {"5": 0.0, "7": 1.0}),
+])
+def test_what_a_statement_after_the_last_box_decides(grader, response, found, answers):
+    assert math_request(response, "5")["found"] == found
+    assert {gold: grader(response, gold).reward for gold in answers} == answers
+
+
 @pytest.mark.parametrize("text", ["Q&A: see below", "the answers are below", "Answer: ", "Data: 5"])
 def test_no_stated_answer(text):
     assert stated_answer(text) is None
@@ -227,6 +269,7 @@ def test_no_stated_answer(text):
 
 def test_gold_fields_by_convention():
     assert gold_answer("She pays 3 * 4 = <<3*4=12>>12 dollars.\nA: 12") == "12"
+    assert gold_answer("Q: two and two?\nA: <<2+2=4>>4\n") == "4"  # calculator annotations go as the field comes in
     assert gold_answer("Answer: \\frac{1}{2}") == "\\frac{1}{2}"
     assert gold_answer("Half of 24 is 12. The answer is 12.") == "12"
     assert gold_answer("... #### 72") == "72"  # "####" first, then boxes, then statements
@@ -267,6 +310,11 @@ def test_uses_variables(gold, variables):
 
 
 # ----------------------------------------------------------------------------- the pre-check
+
+def precheck(response: str, gold: str):
+    """The pre-check on what a MathGrader reads of the response."""
+    return precheck_module.precheck(math_request(response, gold))
+
 
 def _nested_fractions(depth: int) -> str:
     """\\frac{1}{1+\\frac{1}{1+...}}: a continued fraction, exactly F(depth+1)/F(depth+2)."""
@@ -385,7 +433,7 @@ def test_arithmetic_refuses_what_reads_two_ways_or_is_not_arithmetic(latex):
 def test_huge_bounds_are_true(monkeypatch, latex, exact):
     """With PRECHECK_BITS lowered to 64 these values are past it: the lower bound arithmetic()
     keeps, |x| >= 2**bits, holds against the exact value Python computes, and so does its sign."""
-    monkeypatch.setattr(math_answers, "PRECHECK_BITS", 64)
+    monkeypatch.setattr(precheck_module, "PRECHECK_BITS", 64)
     value, stalls = arithmetic(latex)
     assert isinstance(value, Huge) and stalls
     if exact is None:  # (2^70)! >= (2^70/e)^(2^70): log2 >= 2^70 (70 - 1.45)

@@ -143,7 +143,7 @@ def test_eval_grades_given_responses_without_a_model(tmp_path, monkeypatch, caps
     m = summary["metrics"]
     assert m["eval/accuracy"] == pytest.approx((1 / 3 + 1 / 2 * 3) / 4) == m["eval/pass@1"]
     assert m["eval/code/no_program"] == pytest.approx(1 / 9) and "eval/length" not in m
-    assert records[0]["samples"][2] == {"response": "no code", "answer": None, "reward": 0.0, "correct": False,
+    assert records[0]["samples"][2] == {"response": "no code", "extracted": None, "reward": 0.0, "correct": False,
                                         "failure": "", "details": {**PASSED, "code/tests_passed": 0.0, "code/no_program": 1.0}}
     assert "9 responses to 4 problems" in capsys.readouterr().out
 

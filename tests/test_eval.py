@@ -26,7 +26,7 @@ def test_pass_at_k_spec_values():
 
 def samples(answers, rewards, failures=None, correct=None):
     """Sample records; correct (the task's verdict of full marks): reward ≥ 1 unless given."""
-    return [{"response": "", "answer": a, "reward": r, "failure": (failures or {}).get(i, ""),
+    return [{"response": "", "extracted": a, "reward": r, "failure": (failures or {}).get(i, ""),
              "correct": r >= 1 if correct is None else correct[i], "length": 10 + i, "truncated": i == 3}
             for i, (a, r) in enumerate(zip(answers, rewards))]
 
@@ -56,7 +56,7 @@ def test_pass_at_k_and_maj_count_correct_answers_not_fractional_rewards():
 def test_summary_of_two_problems_by_hand():
     p1 = problem_record(Problem("q1", "7"), samples(["5", "7", "7", None], [1, 0, 0, 0]), [1, 2, 4], None)
     p2 = problem_record(Problem("q2", "3"), samples(["3", "3", "4", "3"], [1, 1, 0, 1], {2: "timeout"}), [1, 2, 4],
-                        {"response": "", "answer": "3", "reward": 1.0, "failure": "", "length": 5, "truncated": False})
+                        {"response": "", "extracted": "3", "reward": 1.0, "failure": "", "length": 5, "truncated": False})
     m = summarize([p1, p2], [1, 2, 4])
     # p1: c = 1 of 4 -> pass@1 1/4, pass@2 1 − C(3,2)/C(4,2) = 1/2, pass@4 1; majority "7" is wrong
     # p2: c = 3 of 4 -> pass@1 3/4, pass@2 1 (n − c < k), pass@4 1; majority "3" is right
@@ -90,7 +90,7 @@ def test_cli_on_the_shipped_model_writes_consistent_results(tmp_path):
     assert m["eval/accuracy"] == pytest.approx(sum(s["reward"] for r in records for s in r["samples"]) / 24)
     assert m["eval/greedy"] == pytest.approx(sum(r["greedy"]["reward"] for r in records) / 6)
     for r in records:  # the shipped grader's answers are the tag's integer
-        assert r["correct"] == sum(s["answer"] == r["gold"] for s in r["samples"])
+        assert r["correct"] == sum(s["extracted"] == r["gold"] for s in r["samples"])
     assert list((tmp_path / "ev").glob("events.out.tfevents.*"))
 
 

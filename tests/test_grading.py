@@ -120,15 +120,14 @@ def test_timeout_counted_over_a_batch():
 
 @pytest.mark.slow
 def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
-    """sympy never finishes on 10^{10^{10}} (found by probing; memory stays small meanwhile): the
-    worker's own CPU bound (math_answers.MATH_CPU_SECONDS) ends it, or on a loaded machine the
-    parent's 1 s of wall time comes first and kills it; either way a timeout, then the next answer
-    is graded. (A bare MathGrader sends it: MathGraderPool's pre-check would decide it.)"""
+    """sympy takes seconds on (x+1)^{10^{10}} (the pre-check leaves it: not plain arithmetic): the
+    parent's 1 s of wall time comes before the worker's own CPU bound (--grade-cpu, 4 s) and kills
+    it; a timeout, then the next answer is graded by a fresh worker."""
     g = MathGrader(timeout=1.0)
     try:
         g("\\boxed{1}", "1")  # start the worker outside the timed part
         start = time.monotonic()
-        assert g("\\boxed{10^{10^{10}}}", "3") == Verdict(0.0, None, "timeout")
+        assert g("\\boxed{(x+1)^{10^{10}}}", "3") == Verdict(0.0, None, "timeout")
         assert time.monotonic() - start < 5.0
         g.timeout = 10.0  # the fresh worker's first answer is not the thing under test
         assert g("The answer is \\boxed{7}.", "7").reward == 1.0
@@ -304,7 +303,7 @@ def test_a_worker_imports_the_repository_wherever_the_trainer_started(tmp_path):
     train.py` does: a file in the working directory named like a module it imports (json.py here)
     does not replace it, and the worker says it is ready."""
     (tmp_path / "json.py").write_text("raise SystemExit('the working directory was on sys.path')\n")
-    done = subprocess.run(module_command("grading.math_answers", "--math-worker"), input="", cwd=tmp_path,
+    done = subprocess.run(module_command("grading.pool", "--math-worker", "4"), input="", cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[0]) == "ready"

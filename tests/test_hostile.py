@@ -21,7 +21,7 @@ import pytest
 
 import rewards
 from rewards import Problem, Verdict, extract_tag, grade_batch
-from grading import math_answers
+from grading import pool
 from grading.files import FileTask
 from grading.pool import MathGrader
 from tasks import CountdownTask, RunningSumTask
@@ -277,8 +277,8 @@ EXPLODING = [
 @pytest.fixture(scope="module")
 def patient_grader():
     """One real worker whose parent waits a minute before it kills it: a verdict that comes back from
-    the same process was ended by the worker's own bound, math_answers.MATH_CPU_SECONDS."""
-    grader = MathGrader(timeout=60.0)
+    the same process was ended by the worker's own bound, --grade-cpu."""
+    grader = MathGrader(timeout=60.0, cpu=1.0)  # the bound under test, not its default: a quick one
     yield grader
     grader.close()
 
@@ -311,15 +311,15 @@ def _swallow_once() -> None:
 
 
 def test_the_cpu_bound_ends_a_computation_and_disarms():
-    """_within_cpu raises _OverCPU once its CPU time is spent, even past an `except:` that swallows
+    """within_cpu raises OverCPU once its CPU time is spent, even past an `except:` that swallows
     the first signal, and leaves no timer armed; what ends in time returns its value."""
-    previous = signal.signal(signal.SIGPROF, math_answers._on_cpu_limit)
+    previous = signal.signal(signal.SIGPROF, pool.on_cpu_limit)
     try:
         for work in (lambda: _spin(30.0), _swallow_once):
-            with pytest.raises(math_answers._OverCPU):
-                math_answers._within_cpu(0.05, work)
+            with pytest.raises(pool.OverCPU):
+                pool.within_cpu(0.05, work)
             assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
-        assert math_answers._within_cpu(5.0, sum, [1, 2]) == 3
+        assert pool.within_cpu(5.0, sum, [1, 2]) == 3
         assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
         signal.setitimer(signal.ITIMER_PROF, 0.01)  # a signal outside a bounded call is ignored
         _spin(0.05)

@@ -112,7 +112,7 @@ def test_a_mixed_run_logs_each_domain_and_resumes_with_the_same_draws(random_mod
 
 def test_eval_reports_each_domain(tmp_path, capsys):
     def record(domain, rewards):
-        samples = [{"response": "", "answer": str(r), "reward": r, "correct": r >= 1, "failure": ""} for r in rewards]
+        samples = [{"response": "", "extracted": str(r), "reward": r, "correct": r >= 1, "failure": ""} for r in rewards]
         return evaluation.problem_record(Problem("q", "1", domain), samples, [1, 2], None)
 
     records = [record("math", [1.0, 0.0]), record("math", [1.0, 1.0]), record("code", [0.0, 0.0])]

@@ -575,7 +575,7 @@ def test_a_hostile_user_environment_scores_0_counted_and_the_run_goes_on(tmp_pat
     assert sum(r["env/failures"] for r in rows) > 0 and all(r["reward/mean"] < 1 for r in rows)
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     for s in samples:  # a failed kind scores 0; a megabyte observation reaches the model as 8 tokens
-        kind = int(s["answer"]) % 5
+        kind = int(s["gold"]) % 5
         if kind in (0, 1, 3):
             assert s["reward"] == 0.0
         if kind == 2 and "<|tool|>" in s["transcript"]:

@@ -1,6 +1,7 @@
 """The loop end to end: CLI errors, a 2-process torchrun smoke run, checkpoints, resume, Qwen2."""
 import json
 import math
+import re
 import socket
 import subprocess
 from dataclasses import replace
@@ -209,6 +210,16 @@ def test_torchrun_two_processes_smoke(two_rank_runs, tmp_path):
     assert logged["eval/accuracy"] == pytest.approx(per.mean(), abs=1e-6)
     _, pairs = evaluation.compared(str(out / "evals" / "step-0.jsonl"), str(out / "evals" / "step-2.jsonl"))
     assert pairs["accuracy"]["diff"] == pytest.approx(lines[2]["eval/accuracy"] - lines[0]["eval/accuracy"], abs=1e-6)
+    # the gold and what the grader read, under the same keys in samples.jsonl and in an eval's problems
+    logged_samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    evaluated = [dict(s, gold=r["gold"]) for r in rows for s in r["samples"]]
+    for sample in logged_samples + evaluated:
+        assert {"gold", "extracted", "response", "reward"} <= set(sample) and "answer" not in sample, sample
+        # the built-in grader reads the last <answer> tag's content, and pays it when it is the sum
+        assert (sample["extracted"] is None) == (re.search(r"<answer>.*</answer>", sample["response"], re.S) is None)
+        assert sample["extracted"] is None or sample["extracted"] in sample["response"]
+        assert sample["reward"] == float(sample["extracted"] == sample["gold"])
+    assert all(0 <= x["reward/format_failures"] <= 1 for x in lines[1:])
 
 
 SMOKES = [("rover", "rover/q_abs_err"), ("pacs", "pacs/psi_abs"), ("psr", "pg/loss"), ("nsr", "pg/loss"),
@@ -396,3 +407,16 @@ def test_lr_schedule_warms_up_then_falls_linearly_to_zero():
     assert [train.lr_factor(s, constant) for s in range(7)] == [0.5] + [1.0] * 6
     two = replace(linear, mini_batches=2, max_steps=3)  # K = 2 optimizer steps per batch: the same 6 steps
     assert [train.lr_factor(s, two) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+
+
+def test_format_failures_are_the_share_of_zeros_without_an_answer():
+    """Four responses: one right, one wrong answer, one without an answer, one the grader failed on
+    (a timeout is not a format failure): of the three zeros, one had no answer -> 1/3."""
+    from rewards import Problem
+    from rollout import Episode
+    episodes = [Episode([1], [2, 3], "", False, 0, Problem("q", "5"), reward=reward, extracted=extracted,
+                        grader_failed=failed)
+                for reward, extracted, failed in ((1.0, "5", False), (0.0, "7", False), (0.0, None, False),
+                                                  (0.0, None, True))]
+    assert train.rollout_stats(episodes, 4)["reward/format_failures"] == pytest.approx(1 / 3)
+    assert train.rollout_stats(episodes[:1] * 4, 4)["reward/format_failures"] == 0.0  # no zeros at all

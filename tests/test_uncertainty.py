@@ -23,7 +23,7 @@ def test_standard_error_by_hand():
 
 
 def sample(correct: bool, answer: str) -> dict:
-    return {"response": "", "answer": answer, "reward": float(correct), "correct": correct, "failure": "",
+    return {"response": "", "extracted": answer, "reward": float(correct), "correct": correct, "failure": "",
             "length": 10, "truncated": False}
 
 
