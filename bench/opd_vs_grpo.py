@@ -115,9 +115,9 @@ def main(argv=None) -> None:
     if args.cost:
         return forward_cost(args.teacher)
     seeds, out = [int(s) for s in args.seeds.split(",")], Path(args.out)
-    grpo, opd = (([Path(made) / f"seed-{s}" for s in seeds] if made else run_seeds(seeds, out / name, flags, quiet=True))
-                 for made, name, flags in ((args.grpo, "grpo", ["--algo", "grpo"]),
-                                           (args.opd, "opd", ["--algo", "opd", "--teacher", args.teacher])))
+    arms = ((args.grpo, "grpo", ["--algo", "grpo"]), (args.opd, "opd", ["--algo", "opd", "--teacher", args.teacher]))
+    grpo, opd = ([Path(made) / f"seed-{s}" for s in seeds] if made else run_seeds(seeds, out / name, flags, quiet=True)
+                 for made, name, flags in arms)
     a, b = report("grpo", grpo, args.target), report("opd", opd, args.target)
     print("\nopd − grpo, held-out accuracy in points ± its SE (seeds and problems, paired; * beyond 1.96 SE):")
     for row_a, row_b in zip(*([r for r in arm if "eval/accuracy" in r and r["step"] > 0] for arm in (a, b))):

@@ -44,7 +44,8 @@ GAP = [log_softmax(z)[y] - old for z, y, old in zip(TEACHER, Y, OLD)]  # λ·(lo
 
 def expected(alpha: float, group_adv: list[float]) -> dict:
     """Loss, reverse KL and ∂loss/∂logits [position][token] of a group of responses that all write Y, token-mean
-    over all their tokens at θ = old: loss = −Σ A_t / N, and ∂/∂z_t of −A_t·log π(y_t) is −A_t·(onehot(y_t) − p_t)."""
+    over all their tokens at θ = old: loss = −Σ A_t / N, and ∂/∂z_t of −A_t·log π(y_t) is
+    −A_t·(onehot(y_t) − p_t)."""
     n = len(group_adv) * len(Y)
     adv = [[alpha * a + g for g in GAP] for a in group_adv]
     grad = [[0.0] * 3 for _ in Y]
