@@ -20,9 +20,9 @@ log-probs arrive as LossInputs.ref_logp. That slot is the teacher's: β > 0 is r
 teacher's reverse KL already pulls the student toward a frozen model, and a reference besides it would
 be a third copy of weights for a regulariser tinker's recipe does not have.
 
-Worked example (tests/test_opd.py, SPEC §9): vocabulary of 3, one response y = (0, 1), student logits
-[1, 0, −1], [0, 0.5, 0], teacher [0, 1, 0], [2, 0, 0]: A = [−1.1438387, −1.4451680], opd/reverse_kl
-= loss = 1.2945034.
+Worked example (tests/test_opd.py, docs/math.md §9): vocabulary of 3, one response y = (0, 1), student
+logits [1, 0, −1], [0, 0.5, 0], teacher [0, 1, 0], [2, 0, 0]: A = [−1.1438387, −1.4451680],
+opd/reverse_kl = loss = 1.2945034.
 
 Where we differ from tinker, and why:
 - π_old is §0's, the trainer's own no-grad forward, not the sampler's log-probs: the teacher is scored

@@ -3,8 +3,8 @@
 The worked example runs through train.update itself: a "model" whose logits at position j are row j of a
 parameter table (TableLM), so the table's gradient is the loss's gradient with respect to the logits, and
 SGD with lr 1 moves the table by exactly minus that gradient. Every expected number is computed here in
-plain Python from the hand-set logits, and held to SPEC §9's printed values; on 1 rank with one or two
-micro-batches, and on 2 gloo ranks (the session's spawn, helpers.share_two_ranks).
+plain Python from the hand-set logits, and held to docs/math.md §9's printed values; on 1 rank with one or
+two micro-batches, and on 2 gloo ranks (the session's spawn, helpers.share_two_ranks).
 """
 import math
 from contextlib import nullcontext
@@ -26,7 +26,7 @@ from rewards import DataError, Problem
 from rollout import Chunk, Episode, collate
 from train import Learner, update
 
-# SPEC §9: a vocabulary of 3, one response y = (0, 1) after a one-token prompt
+# docs/math.md §9: a vocabulary of 3, one response y = (0, 1) after a one-token prompt
 Y = [0, 1]
 STUDENT = [[1.0, 0.0, -1.0], [0.0, 0.5, 0.0]]
 TEACHER = [[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]]
@@ -58,7 +58,7 @@ def expected(alpha: float, group_adv: list[float]) -> dict:
 
 
 def test_expected_numbers_are_spec_9s():
-    """The plain-Python expectations are SPEC §9's printed numbers (7 digits)."""
+    """The plain-Python expectations are docs/math.md §9's printed numbers (7 digits)."""
     assert OLD == pytest.approx([-0.4076060, -0.7943768], abs=1e-7)
     assert [g + o for g, o in zip(GAP, OLD)] == pytest.approx([-1.5514447, -2.2395448], abs=1e-7)
     one = expected(0.0, [0.0])
@@ -141,7 +141,7 @@ def assert_matches(got: dict, alpha: float) -> None:
 def test_worked_example_through_the_update(alpha, micro):
     got = table_update(alpha, micro)
     assert_matches(got, alpha)
-    if alpha == 0:  # both rows alike: the whole mini-batch is SPEC's one response, its numbers exactly
+    if alpha == 0:  # both rows alike: the mini-batch is docs/math.md §9's one response, its numbers exactly
         assert got["loss"] == pytest.approx(1.2945034, abs=1e-6)
         assert got["grad"][0] == pytest.approx([0.1914552, -0.1399650, -0.0514902], abs=1e-6)
         assert got["grad"][1] == pytest.approx([-0.1980376, 0.3960752, -0.1980376], abs=1e-6)
@@ -153,7 +153,7 @@ def test_worked_example_on_two_ranks(case, spawned_ranks):
 
 
 def test_token_advantages_alpha_and_discount():
-    """α·A_group on every token, and γ's discounted sum of the later gaps, by hand on SPEC's gaps."""
+    """α·A_group on every token, and γ's discounted sum of the later gaps, by hand on the worked example's gaps."""
     mb = SimpleNamespace(old_logp=torch.tensor([OLD]), ref_logp=torch.tensor([[g + o for g, o in zip(GAP, OLD)]]),
                          mask=torch.ones(1, 2), adv=torch.tensor([0.5]))
     cfg = SimpleNamespace(opd_alpha=1.0, opd_lambda=2.0, opd_gamma=0.5)
