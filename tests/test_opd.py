@@ -229,6 +229,10 @@ def test_opd_refuses_no_teacher_a_folder_that_is_no_model_and_beta(tmp_path, ran
         "beta=0.1: --algo opd does not read beta (the teacher takes the reference's place")
     assert refusal(["--algo", "opd", "--teacher", random_model_dir, "--temperature", "0.7"]).startswith(
         "temperature=0.7: --algo opd compares")
+    assert refusal(["--algo", "opd", "--teacher", random_model_dir, "--opd-alpha", "1", "--group-size", "1"]).startswith(
+        "opd_alpha=1.0 adds the reward's group advantage, which a group of one does not have")
+    assert refusal(["--algo", "opd", "--teacher", random_model_dir, "--opd-gamma", "0.5", "--env", "calculator"]
+                   ).startswith("opd_gamma=0.5 sums a response's later log-ratios")
 
 
 def test_a_teacher_of_another_tokenizer_is_refused(tmp_path, random_model_dir):
