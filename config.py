@@ -31,7 +31,6 @@ from bounds import out_of_bounds
 from rewards import DataError
 from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
-TRAIN_ON = ("all", "correct", "incorrect")  # Config.train_on
 TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; wandb and trackio are extras/trackers.py's
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
 
@@ -364,9 +363,9 @@ SAMPLERS = {  # --engine NAME -> who samples: its class (a rollout.Generate), im
 BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs carry their own bounds)
     "group_size": dict(at_least=1), "epochs": dict(at_least=1), "micro_batch_size": dict(at_least=1),
     "max_steps": dict(at_least=1), "max_new_tokens": dict(at_least=1), "temperature": dict(above=0),
-    "train_on": dict(choices=TRAIN_ON), "max_chunks": dict(at_least=1), "eval_max_chunks": dict(at_least=0),
-    "chunk_head": dict(at_least=-1), "lora_rank": dict(at_least=0), "lora_alpha": dict(above=0),
-    "lora_lr_scale": dict(above=0), "eval_temperature": dict(at_least=0), "eval_top_p": dict(above=0, at_most=1),
+    "train_on": dict(choices=("all", "correct", "incorrect")), "max_chunks": dict(at_least=1),
+    "eval_max_chunks": dict(at_least=0), "chunk_head": dict(at_least=-1), "lora_rank": dict(at_least=0),
+    "lora_alpha": dict(above=0), "lora_lr_scale": dict(above=0), "eval_temperature": dict(at_least=0), "eval_top_p": dict(above=0, at_most=1),
     "eval_batch_size": dict(at_least=1), "eval_problems": dict(at_least=0), "grade_timeout": dict(above=0),
     "grade_cpu": dict(above=0), "grade_workers": dict(at_least=1), "grade_budget": dict(at_least=0),
     "keep_checkpoints": dict(at_least=0),

@@ -27,36 +27,36 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 
 
-def check_model_folder(path: str, trust_remote_code: bool = False):
+def check_model_folder(path: str, trust_remote_code: bool = False, flag: str = "--model"):
     """(tokenizer, HF config) of a local model folder, before any weight is read; every problem
-    is a ValueError naming the folder and what it lacks (HF would say it tried the hub). A LoRA
+    is a ValueError naming the flag, the folder and what it lacks (HF would say it tried the hub). A LoRA
     adapter folder (extras/lora.py) gives its base model's."""
     base = adapter_base(path)
     if base is not None:
         if not Path(base, "config.json").is_file():
-            raise ValueError(f"--model {path}: its adapter_config.json names the base model {base!r}, which is not "
+            raise ValueError(f"{flag} {path}: its adapter_config.json names the base model {base!r}, which is not "
                              f"a model folder here; set base_model_name_or_path there to the base model's folder")
-        return check_model_folder(base, trust_remote_code)
+        return check_model_folder(base, trust_remote_code, flag)
     folder = Path(path)
     needs = "a local HF model folder (config.json, model.safetensors or its index, tokenizer files)"
     if not folder.is_dir():
-        raise ValueError(f"--model {path}: no such folder; give {needs}")
+        raise ValueError(f"{flag} {path}: no such folder; give {needs}")
     if not (folder / "config.json").is_file():
-        raise ValueError(f"--model {path}: no config.json there; give {needs}")
+        raise ValueError(f"{flag} {path}: no config.json there; give {needs}")
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
-        raise ValueError(f"--model {path}: no .safetensors weights there (.bin weights are not loaded: "
+        raise ValueError(f"{flag} {path}: no .safetensors weights there (.bin weights are not loaded: "
                          f"save the model again with save_pretrained)")
     for file in weights:  # a truncated copy fails here, not mid-load
         problem = unreadable(file)
         if problem:
-            raise ValueError(f"--model {path}: {problem}; copy or save the model again")
+            raise ValueError(f"{flag} {path}: {problem}; copy or save the model again")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         tokenizer = load_tokenizer(path, trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--model {path}: cannot load its config or tokenizer ({first})") from None
+        raise ValueError(f"{flag} {path}: cannot load its config or tokenizer ({first})") from None
     return tokenizer, config
 
 

@@ -139,7 +139,7 @@ class Learner:
     for the whole run (train() builds it once)."""
     scorer: torch.nn.Module  # the policy as model.ResponseLogProbs (DDP/FSDP-wrapped): logp, entropy per token
     lm: torch.nn.Module  # the policy's model: the parameters the optimizer steps
-    ref_scorer: torch.nn.Module | None  # the frozen reference, only when cfg.beta > 0
+    ref_scorer: torch.nn.Module | None  # the frozen reference when cfg.beta > 0, or OPD's teacher (--teacher)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     algo: algos.Algorithm
@@ -528,14 +528,15 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
         adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model,
                             dtype=weights_dtype(cfg, device), seed=cfg.seed)
     scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
-    if cfg.beta == 0:
+    if cfg.beta == 0 and not cfg.teacher:
         return lm, adapters, scorer, None
-    if adapters is not None:  # the base itself: no second copy of the weights
+    if adapters is not None and not cfg.teacher:  # the base itself: no second copy of the weights
         from extras.lora import AdaptersOff
 
         return lm, adapters, scorer, AdaptersOff(scorer, adapters)
-    # frozen: no fp32 master copy, the weights as the policy's forward sees them
-    ref_lm = load_model(cfg.model, dtype=weights_dtype(cfg, device), device=device,
+    # frozen: no fp32 master copy, the weights as the policy's forward sees them. OPD's teacher
+    # (algos/opd.py) is this frozen scorer, loaded from --teacher: the loss reads its log-probs as the reference's
+    ref_lm = load_model(cfg.teacher or cfg.model, dtype=weights_dtype(cfg, device), device=device,
                         trust_remote_code=cfg.trust_remote_code, trainable=False)
     return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world,
                                       device=device, dtype=dtype, trainable=False)
@@ -548,7 +549,8 @@ def learner_for(cfg: Config, start: Path | None, tokenizer, train_problems, rank
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=cfg))
     lora_note = f", LoRA rank {cfg.lora_rank}: {count_parameters(lm, trainable=True)} trained" if adapters else ""
-    reference = "none (beta = 0)" if cfg.beta == 0 else "the base (adapters off)" if adapters else "yes"
+    reference = (f"the teacher {cfg.teacher}" if cfg.teacher else "none (beta = 0)" if cfg.beta == 0
+                 else "the base (adapters off)" if adapters else "yes")
     say(rank, f"policy {start or cfg.model}: {count_parameters(lm)} parameters{lora_note} on {device} × {world} "
               f"rank(s), {parallel_mode(cfg, device)}, compute {str(compute_dtype(cfg, device))[6:]}, "
               f"lr {learning_rate(cfg):g}; reference model: {reference}")

@@ -7,7 +7,7 @@ it, so nothing else changes. A run imports the file of its --algo alone (get); A
 KNOBS, the whole registry, import every file the first time they are read (--help, the message
 for a knob the chosen algorithm does not read).
 SHARED_KNOBS, those of the pieces most losses share (algos/policy_gradient.py), are fields of every
-run's Config: the trainer reads beta, tis_cap, mis_cap and the turn credit whatever the algorithm.
+run's Config: the trainer reads beta, tis_cap, mis_cap, the turn credit and the teacher whatever the algorithm.
 `--top-entropy-quantile` (the 80/20 rule, algos/high_entropy.py) is a knob of every method here.
 Which responses the update trains on is the `train_on` Config field, so a preset sets it (PSR, NSR).
 """
@@ -31,8 +31,13 @@ MODULES = {  # file -> the --algo names its ALGORITHMS define
     "reinforce_pp": ("reinforce_pp",),
     "cov": ("clip_cov", "kl_cov"),
     "gdpo": ("gdpo",),  # several reward terms, docs/math.md §9
+    "opd": ("opd",),  # on-policy distillation, docs/math.md §10
 }
-SHARED_KNOBS = (*ADVANTAGE_KNOBS, *TURN_CREDIT_KNOBS, *CLIP_KNOBS, DUAL_CLIP, LOSS_AGG, *AGGREGATE_KNOBS)
+# the frozen model a distillation loss reads in the reference's place (algos/opd.py): train.models loads it,
+# so like beta it is a field of every run, refused (config.knob_checks) where the algorithm does not read it
+TEACHER = Knob("teacher", "", "the teacher's model folder: frozen, scored on the student's sampled tokens; it "
+               "must share the student's tokenizer")
+SHARED_KNOBS = (*ADVANTAGE_KNOBS, *TURN_CREDIT_KNOBS, *CLIP_KNOBS, DUAL_CLIP, LOSS_AGG, *AGGREGATE_KNOBS, TEACHER)
 
 
 def get(name: str) -> Algorithm:
@@ -68,4 +73,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'algos' has no attribute {name!r}")
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "KNOBS", "Knob", "LossInputs", "MODULES", "SHARED_KNOBS", "get"]
+__all__ = ["ALGORITHMS", "Algorithm", "KNOBS", "Knob", "LossInputs", "MODULES", "SHARED_KNOBS", "TEACHER", "get"]

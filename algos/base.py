@@ -100,7 +100,7 @@ class LossInputs:
     group: torch.Tensor | None = None  # [n] group id: rows of one prompt share it
     seq_tokens: torch.Tensor | None = None  # [n] trained tokens of the row's whole response (its trace)
     entropy: torch.Tensor | None = None  # [n, T] entropy of π_θ at each position
-    ref_logp: torch.Tensor | None = None  # [n, T] log π_ref, when cfg.beta > 0
+    ref_logp: torch.Tensor | None = None  # [n, T] log π_ref, when cfg.beta > 0; --algo opd: the teacher's
     vocab_mean: torch.Tensor | None = None  # [n, T] M_θ: mean over the vocabulary of log π_θ (ROVER)
     old_vocab_mean: torch.Tensor | None = None  # [n, T] M_old, the same for π_old (ROVER)
     is_weight: torch.Tensor | None = None  # [n, T] sampler/trainer importance weight (rollout.sampler_correction)

@@ -104,10 +104,11 @@ def token_weights(mask: torch.Tensor, *, loss_agg: str, n_seqs: int, n_tokens: i
 
 def clipped_surrogate(logp, old_logp, adv, *, clip_low: float, clip_high: float, dual_clip: float = 0.0):
     """PPO-clip per-token loss ℓ [N, T] and a bool [N, T] of where the clip took the gradient away; adv is
-    per response [N], broadcast over tokens. At K = μ = 1 (the default) the ratio is exactly 1 and the clip
-    does nothing (pg/clipfrac 0); it acts when --epochs or --mini-batches move the policy before the last pass."""
+    per response [N], broadcast over tokens, or per token [N, T] (OPD). At K = μ = 1 (the default) the ratio
+    is exactly 1 and the clip does nothing (pg/clipfrac 0); it acts when --epochs or --mini-batches move the
+    policy before the last pass."""
     ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
+    a = adv if adv.dim() == 2 else adv[:, None]
     unclipped = -a * ratio
     clipped = -a * ratio.clamp(1 - clip_low, 1 + clip_high)
     loss = torch.maximum(unclipped, clipped)

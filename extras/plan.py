@@ -234,6 +234,10 @@ def resident_rows(cfg, s: Shape, t: Target) -> list:
         rows.append(("DDP gradient buckets, fp32", trained * 4))
     if cfg.beta > 0 and not cfg.lora_rank:
         rows.append((f"reference model, {_dtype(t.weight_bytes)}, frozen", s.params * t.weight_bytes / shard))
+    if cfg.teacher:  # OPD's teacher (algos/opd.py): loaded as the reference is, at its own size
+        teacher = find_shape(cfg.teacher, cfg.trust_remote_code)[0]
+        rows.append((f"teacher {teacher.name}, {_dtype(t.weight_bytes)}, frozen{each}",
+                     teacher.params * t.weight_bytes / shard))
     return rows
 
 
@@ -491,6 +495,24 @@ def update_phases(cfg, s: Shape, t: Target) -> list:
             Phase("update: optimizer step", state[:1] + step, "update")]
 
 
+def teacher_phases(cfg, t: Target) -> list:
+    """OPD's teacher: under FSDP, loaded whole in its weights' dtype before fully_shard splits it (train.models);
+    scoring a micro-batch before the first step (train.fixed_passes), without gradient: under FSDP its root group
+    and two layers gathered; one decoder layer's tensors at a time (bounded by what a layer saves for backward);
+    its log-prob chunk's fp32 logits, their exponentials and softmax."""
+    teacher = find_shape(cfg.teacher, cfg.trust_remote_code)[0]
+    rows, length, response = micro_batch(cfg, t)
+    gathered = ([(f"teacher: gathered root group + 2 layers, {_dtype(t.bytes)}",
+                  (teacher.root_params + 2 * teacher.layer_params) * t.bytes)] if t.mode == "fsdp" else [])
+    chunk = min(logprob_chunk(cfg.logprob_chunk, teacher.vocab), rows * response)
+    whole = (f"teacher weights, {_dtype(t.weight_bytes)}, unsharded", teacher.params * t.weight_bytes)
+    load = [Phase("load: the teacher whole, before sharding", [whole], "load")]
+    return (load if t.mode == "fsdp" else []) + [Phase("update: the teacher's forward (no grad)", gathered + [
+        (f"teacher: one layer's tensors, {rows} rows × {length} tokens",
+         rows * length * (layer_activations(teacher, t.act_bytes) + 2 * teacher.hidden * t.act_bytes)),
+        (f"teacher: log-prob head, [{chunk}, vocab] fp32 tensors", 3 * chunk * teacher.vocab * 4)], "update")]
+
+
 def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[list, list]:
     """(resident rows, phases) of one rank for this Config on `world` ranks of `device_type`
     ("cpu": the fp32 DDP path the tests measure). Phase totals exclude the resident rows."""
@@ -505,7 +527,7 @@ def estimate(cfg, shape: Shape, world: int, device_type: str = "cuda") -> tuple[
     if t.mode == "fsdp":  # every rank loads the whole fp32 model before fully_shard splits it
         phases.append(Phase("load: the whole model, fp32, before sharding", [("policy weights, fp32, unsharded",
                                                                               shape.params * 4)], "load"))
-    phases += update_phases(cfg, shape, t)
+    phases += update_phases(cfg, shape, t) + (teacher_phases(cfg, t) if cfg.teacher else [])
     if t.engine == "vllm":  # taken when vLLM starts, after the model loads, and held all run
         share = vllm_rows(cfg, shape, t, max(rollout, held_out))
         phases = [ph if ph.group == "load" else Phase(ph.name, ph.rows + share, ph.group) for ph in phases]

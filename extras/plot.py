@@ -2,8 +2,11 @@
 
     python -m extras.plot runs/grpo-20261127-120000 --out curves.png
     python -m extras.plot runs/a runs/b --keys 'reward/mean,eval/pass@*' --out compare.svg
+    python -m extras.plot runs/a runs/b --keys eval/accuracy --x step,tokens/generated,time/step --out cost.png
 
-One panel per metric, one line per run (named as given), the step on x. --keys takes the names
+One panel per metric, one line per run (named as given), the step on x; or, with --x, one panel per
+metric and x axis: a per-step metric summed over the steps so far (tokens/generated: the tokens sampled
+until then; time/step: the training's wall time, rollouts and updates, evals left out). --keys takes the names
 metrics.jsonl writes and wildcards (eval/pass@* is every pass@k the runs logged); the default
 draws held-out accuracy, every pass@k, the mean reward and the mean response length, and leaves out,
 saying so, what no run logged (a run with --eval-every 0 has no eval/). The format follows --out's
@@ -59,32 +62,46 @@ def chosen_keys(patterns: list[str], runs: dict[str, list[dict]]) -> list[str]:
     return keys
 
 
+def x_values(rows: list[dict], x: str) -> dict[int, float]:
+    """{step: its x}: the step itself, or the per-step metric x summed over steps 1 to that step (step 0, before
+    training, at 0). tokens/generated [10, 20, 30] at steps 1-3 -> {0: 0, 1: 10, 2: 30, 3: 60}."""
+    if x == "step":
+        return {row["step"]: row["step"] for row in rows}
+    total, out = 0.0, {0: 0.0}
+    for row in sorted(rows, key=lambda r: r["step"]):
+        total += row.get(x, 0.0)
+        out[row["step"]] = total
+    return out
+
+
 def trailing_mean(values: list[float], n: int) -> list[float]:
     """Each value averaged with the n − 1 before it (fewer at the start): [1, 3, 5, 7], 2 -> [1, 2, 4, 6]."""
     return [sum(values[max(0, i - n + 1):i + 1]) / (i + 1 - max(0, i - n + 1)) for i in range(len(values))]
 
 
-def draw(runs: dict[str, list[dict]], keys: list[str], out: Path, smooth: int = 1) -> None:
-    """One panel per key (two columns), one line per run; points marked where a run logged a key ≤ 20 times
-    (the periodic eval), a trailing mean over `smooth` steps over each longer curve."""
+def draw(runs: dict[str, list[dict]], keys: list[str], out: Path, smooth: int = 1, xs: tuple = ("step",)) -> None:
+    """One panel per key and x axis (x_values; two columns, or one per x), one line per run; points marked where a
+    run logged a key ≤ 20 times (the periodic eval), a trailing mean over `smooth` steps over each longer curve."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "rlvr"})  # SVG: text as text, the same bytes each time
-    cols = min(2, len(keys))
-    fig, axes = plt.subplots(math.ceil(len(keys) / cols), cols, figsize=(4.6 * cols, 2.8 * math.ceil(len(keys) / cols)),
-                             squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    panels = [(key, x) for key in keys for x in xs]
+    cols = len(xs) if len(xs) > 1 else min(2, len(keys))
+    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols,
+                             figsize=(4.6 * cols, 2.8 * math.ceil(len(panels) / cols)), squeeze=False)
+    for ax, (key, x) in zip(axes.flat, panels):
         for name, rows in runs.items():
-            points = [(row["step"], row[key]) for row in rows if key in row]
+            at_x = x_values(rows, x)
+            points = [(at_x[row["step"]], row[key]) for row in rows if key in row]
             if not points:  # this run did not log it
                 continue
             steps, values = zip(*points)
             if len(steps) <= 20:  # the periodic eval: each point marked, none smoothed
                 line, = ax.plot(steps, values, label=name, lw=1.2, marker="o", ms=3)
-                band = [(row["step"], row[key], row[f"{key}_se"]) for row in rows if f"{key}_se" in row]
+                band = [(at_x[row["step"]], row[key], row[f"{key}_se"]) for row in rows if f"{key}_se" in row]
                 if band:  # the 95% interval of each point: ±1.96 standard errors (docs/math.md §6.1)
                     at, mid, se = zip(*band)
                     ax.fill_between(at, [m - 1.96 * e for m, e in zip(mid, se)], [m + 1.96 * e for m, e in zip(mid, se)],
@@ -95,9 +112,9 @@ def draw(runs: dict[str, list[dict]], keys: list[str], out: Path, smooth: int = 
             else:
                 ax.plot(steps, values, label=name, lw=1.2)
         ax.set_title(key, fontsize=10)
-        ax.set_xlabel("step", fontsize=9)
+        ax.set_xlabel(x if x == "step" else f"{x}, summed over the steps", fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(panels):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), frameon=False, fontsize=9)
@@ -113,14 +130,18 @@ def main(argv=None) -> None:
                         help=f"metrics to draw, comma-separated; wildcards allowed (default {DEFAULT_KEYS})")
     parser.add_argument("--smooth", type=int, default=1,
                         help="each per-step curve faint under its trailing mean over this many steps (default 1: off)")
+    parser.add_argument("--x", default="step",
+                        help="x axes, comma-separated: step, or a per-step metric summed over the steps so far "
+                             "(tokens/generated, time/step); a panel for each metric and x (default step)")
     parser.add_argument("--out", default="curves.png", help="the picture: .png, .svg or .pdf (default curves.png)")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # said before anything is read
         sys.exit("error: extras/plot.py draws with matplotlib, which is not installed here: pip install matplotlib")
     runs = read_runs(args.runs)
     keys = chosen_keys([k.strip() for k in args.keys.split(",")], runs)
-    draw(runs, keys, Path(args.out), args.smooth)
-    print(f"{args.out}: {', '.join(keys)} of {', '.join(runs)}")
+    xs = tuple(x.strip() for x in args.x.split(","))
+    draw(runs, keys, Path(args.out), args.smooth, xs)
+    print(f"{args.out}: {', '.join(keys)}{'' if xs == ('step',) else ' against ' + ', '.join(xs)} of {', '.join(runs)}")
 
 
 if __name__ == "__main__":

@@ -146,12 +146,13 @@ def test_prompt_templates(tmp_path):
 
 def test_every_registered_algorithm_runs_bare():
     """`train.py --algo X` with no other flag passes validation for every name (Delethink's h = 100
-    used to exceed the tiny model's m = 40: h is now min(100, m) unless given)."""
+    used to exceed the tiny model's m = 40: h is now min(100, m) unless given); OPD with its teacher, which
+    has no default (here the student itself)."""
     import algos
-    from config import parse_config, validate
+    from config import DEFAULT_MODEL, parse_config, validate
     from extras.markovian import chunking
     for name in algos.ALGORITHMS:
-        cfg = parse_config(["--algo", name])
+        cfg = parse_config(["--algo", name, *(["--teacher", DEFAULT_MODEL] if name == "opd" else [])])
         validate(cfg, 2)
     assert chunking(parse_config(["--algo", "delethink"])).head == 40
     assert chunking(parse_config(["--algo", "delethink", "--max-new-tokens", "8192", "--carryover", "4096"])).head == 100

@@ -57,7 +57,7 @@ def fork_with_toy(dest: Path) -> list[str]:
     shutil.copy(EXAMPLES / "toy_algo.py", dest / "algos" / "toy.py")
     registry = dest / "algos" / "__init__.py"
     text = registry.read_text()
-    last = '    "cov": ("clip_cov", "kl_cov"),\n'  # the last line of MODULES
+    last = '    "opd": ("opd",),  # on-policy distillation, docs/math.md §10\n'  # the last line of MODULES
     registry.write_text(text.replace(last, last + '    "toy": ("toy",),\n'))
     changed = []
     for path in [*ROOT.glob("*.py"), *(ROOT / "algos").glob("*.py")]:
@@ -150,7 +150,8 @@ def test_yaml_and_presets_follow_the_same_rule(tmp_path):
 
 def test_a_run_imports_the_file_of_its_algorithm_alone():
     """parse_config and validate of --algo rover load algos/rover.py and the shared pieces, no other
-    algorithm's file; its config holds the shared knobs and rover's own, and a default run's is grpo's."""
+    algorithm's file; its config holds the shared knobs and rover's own, and a default run's is grpo's and the
+    teacher, which the trainer loads (train.models) and --algo grpo refuses."""
     probe = ("import sys, config; cfg = config.parse_config(['--algo', 'rover', '--rover-temp', '0.5']); "
              "config.validate(cfg, 1); "
              "print(sorted(m for m in sys.modules if m.startswith('algos')), cfg.rover_temp, cfg.beta, "
@@ -158,7 +159,7 @@ def test_a_run_imports_the_file_of_its_algorithm_alone():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['algos',", "'algos.base',", "'algos.high_entropy',", "'algos.policy_gradient',",
                            "'algos.rover']", "0.5", "0.0", "False"]
-    assert set(config.run_config("grpo").KNOBS) == {k.name for k in algos.get("grpo").knobs}
+    assert set(config.run_config("grpo").KNOBS) == {k.name for k in algos.get("grpo").knobs} | {"teacher"}
 
 
 def test_modules_names_what_each_file_defines(monkeypatch):
@@ -182,7 +183,7 @@ def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys
         assert getattr(config.Config(), name) == knob.default
         assert "--" + name.replace("_", "-") in help_text
     assert config._help("dual_clip").endswith("[grpo, dapo, dr_grpo, lite_ppo, rloo, psr, nsr, w_reinforce, delethink, "
-                                              "reinforce_pp, gdpo]")
+                                              "reinforce_pp, gdpo, opd]")
     assert config.readers("rover_temp") == ["rover"]
 
 
@@ -339,7 +340,7 @@ STALE = r"SPEC(?:\.md)? ?§\d+|\.\./" + "shared"  # the contract outside the rep
 
 def test_every_citation_of_the_math_resolves_inside_the_repository():
     sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "math.md").read_text(), flags=re.M))
-    assert sections == {str(n) for n in range(10)}
+    assert sections == {str(n) for n in range(11)}
     cited, stale = set(), []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()

@@ -76,6 +76,11 @@ def one_update(model_dir, cfg, rank=0, world=1):
     ref = None
     if cfg.beta > 0:  # LoRA: the base is the reference (the scorer with the adapters off)
         ref = AdaptersOff(scorer, adapters) if adapters else ResponseLogProbs(load_model(model_dir, trainable=False))
+    if cfg.teacher:  # OPD: the random model with its weights moved by a seeded draw, so that it disagrees
+        teacher, draw = load_model(model_dir, trainable=False), torch.Generator().manual_seed(2)
+        for p in teacher.parameters():
+            p.data.add_(0.05 * torch.randn(p.shape, generator=draw))
+        ref = ResponseLogProbs(teacher)
     episodes = make_episodes(chunked=cfg.max_chunks > 1, turns=bool(cfg.env))
     learner = Learner(scorer=scorer, lm=lm, ref_scorer=ref, optimizer=opt, scheduler=sched, algo=algos.get(cfg.algo),
                       cfg=cfg, autocast=nullcontext, pad_id=0, rank=rank, world=world, device=torch.device("cpu"))
@@ -133,7 +138,11 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          ("lite_ppo", {"env": "calculator", "turn_credit": "mt_grpo"}),
          ("rover", {"mini_batches": 2, "env": "calculator", "turn_credit": "return"}),
          ("kl_cov", {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0, "mini_batches": 2, "env": "calculator",
-                     "turn_credit": "mt_grpo", "turn_adv_coef": 0.5})]
+                     "turn_credit": "mt_grpo", "turn_adv_coef": 0.5}),
+         # docs/math.md §10: per-token advantages from a teacher, scored on every rank's share; with the reward's
+         # group advantage and a discount, over K = 2 mini-batches (the teacher scored before the first step)
+         ("opd", {"teacher": "moved"}),
+         ("opd", {"teacher": "moved", "opd_alpha": 1.0, "opd_gamma": 0.5, "mini_batches": 2})]
 
 
 def config(algo, over, micro):

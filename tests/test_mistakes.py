@@ -71,11 +71,13 @@ def test_one_named_error_and_nothing_written(case, tmp_path):
 
 
 def test_a_group_of_one_trains_where_no_group_baseline_is_needed():
-    """psr, nsr, w_reinforce and reinforce_pp (a group of one keeps its score, docs/math.md §7)
-    take G = 1; every algorithm with a group baseline refuses it (the cases above)."""
+    """psr, nsr, w_reinforce and reinforce_pp (a group of one keeps its score, docs/math.md §7), and opd (its
+    advantage is the teacher's per token, §10) take G = 1; every algorithm with a group baseline refuses it (the
+    cases above), and opd too once opd_alpha adds the group's (tests/test_opd.py)."""
     for algo in config.without_group_baseline():
-        config.validate(config.parse_config(["--algo", algo, "--group-size", "1"]), world=1)
-    assert sorted(config.without_group_baseline()) == ["nsr", "psr", "reinforce_pp", "w_reinforce"]
+        teacher = ["--teacher", config.DEFAULT_MODEL] if algo == "opd" else []
+        config.validate(config.parse_config(["--algo", algo, "--group-size", "1", *teacher]), world=1)
+    assert sorted(config.without_group_baseline()) == ["nsr", "opd", "psr", "reinforce_pp", "w_reinforce"]
 
 
 # Under torchrun each way an error leaves main(): argparse (a flag's value), a CheckpointError

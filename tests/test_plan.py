@@ -89,6 +89,25 @@ def test_state_rows_by_hand_qwen2_5_7b_on_8_gpus():
     assert update["gathered decoder layers: current + prefetched"] == 2 * layer * 2
 
 
+def test_opd_teacher_is_counted_at_its_own_size():
+    """--algo opd: a Qwen2.5-0.5B student and a Qwen2.5-7B teacher (both shipped shapes, no folder read) on 8
+    GPUs: the teacher's bf16 weights, 1/8 each, are resident; it is loaded whole before it is sharded; its no-grad
+    forward is a phase with its root group and two of its layers gathered (P = 7,615,616,512, 28 layers of
+    233,057,792, counted by hand above)."""
+    params, layer = 7_615_616_512, 233_057_792
+    cfg = parse_config(["--algo", "opd", "--model", "models/Qwen2.5-0.5B", "--teacher", "models/Qwen2.5-7B"])
+    student, _ = find_shape("models/Qwen2.5-0.5B")
+    resident, phases = estimate(cfg, student, 8, "cuda")
+    assert dict(resident)["teacher Qwen2.5-7B, bf16, frozen (1/8 each)"] == params * 2 / 8
+    without, _ = estimate(parse_config(["--algo", "grpo", "--model", "models/Qwen2.5-0.5B"]), student, 8, "cuda")
+    assert [row for row in resident if row not in without] == [("teacher Qwen2.5-7B, bf16, frozen (1/8 each)",
+                                                                params * 2 / 8)]
+    forward = dict(next(p for p in phases if p.name == "update: the teacher's forward (no grad)").rows)
+    assert forward["teacher: gathered root group + 2 layers, bf16"] == (params - 28 * layer + 2 * layer) * 2
+    load = dict(next(p for p in phases if p.name == "load: the teacher whole, before sharding").rows)
+    assert load == {"teacher weights, bf16, unsharded": params * 2}
+
+
 def test_layer_activations_formula_matches_its_docstring():
     shape, _ = find_shape("models/Qwen2.5-7B")
     assert layer_activations(shape, 2) == 16 * 3584 + 2 * 4 * 3584 + 4 * 28 + 8 * 18944 == 237_680

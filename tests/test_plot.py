@@ -58,6 +58,25 @@ def test_the_command_draws_one_panel_per_key_and_one_line_per_run(tmp_path, suff
         assert all(f">{text}<" in svg for text in ("eval/pass@1", "eval/pass@4", "reward/mean", a, b))
 
 
+def test_x_is_the_step_or_a_per_step_metric_summed():
+    rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 2, "tokens/generated": 20.0, "eval/accuracy": 0.6},
+            {"step": 1, "tokens/generated": 10.0}, {"step": 3, "tokens/generated": 30.0}]
+    assert plot.x_values(rows, "tokens/generated") == {0: 0.0, 1: 10.0, 2: 30.0, 3: 60.0}
+    assert plot.x_values(rows, "step") == {0: 0, 2: 2, 1: 1, 3: 3}
+
+
+@pytest.mark.needs("matplotlib")
+def test_the_command_draws_a_panel_per_key_and_x(tmp_path):
+    out = tmp_path / "cost.svg"
+    a, b = two_runs(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "extras.plot", a, b, "--keys", "eval/accuracy",
+                           "--x", "step,length/mean", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{out}: eval/accuracy against step, length/mean of {a}, {b}"
+    assert ">length/mean, summed over the steps<" in out.read_text()
+
+
 def test_what_is_missing_is_said_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"^error: .*nowhere: no metrics.jsonl here; give run folders"):
         plot.read_runs([str(tmp_path / "nowhere")])
