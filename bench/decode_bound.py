@@ -156,7 +156,7 @@ def sync(device: torch.device) -> float:
 
 def timed(regime: Regime, prompts, sampling: Sampling, device) -> tuple[float, list[int]]:
     """Seconds of one rollout.sample call and each row's count of new tokens."""
-    regime.calls += sampling.engine == "fast"
+    regime.calls += isinstance(sampling.sampler, engine.Fast)
     t0 = sync(device)
     with regime.rollout():
         out = sample(regime.lm, regime.tok, prompts, sampling)
