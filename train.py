@@ -125,8 +125,9 @@ def rollout_stats(episodes: list[Episode], group_size: int) -> dict:
             "score/mean": float(np.mean([e.score for e in episodes])),
             "length/mean": lengths.mean(), "length/min": lengths.min(), "length/max": lengths.max(),
             "tokens/generated": lengths.sum(), "reward/grader_failures": float(sum(e.grader_failed for e in episodes)),
-            "reward/format_failures": float(np.mean([e.extracted is None and not e.grader_failed  # of the zeros: no
-                                                     for e in episodes if e.reward == 0] or [0.0])),  # answer at all
+            # of the zeros, the share in which the grader found no answer at all (a format failure)
+            "reward/format_failures": float(np.mean([e.extracted is None and not e.grader_failed
+                                                     for e in episodes if e.reward == 0] or [0.0])),
             "length/truncated": float(np.mean([e.truncated for e in episodes])),
             **detail_means([e.details for e in episodes])}
 

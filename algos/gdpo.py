@@ -26,6 +26,8 @@ terms or more.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from algos import grpo, policy_gradient
@@ -37,16 +39,18 @@ KNOBS = (*policy_gradient.CLIP_KNOBS, policy_gradient.DUAL_CLIP, policy_gradient
          *policy_gradient.AGGREGATE_KNOBS)
 
 
-def terms(cfg) -> list:
+@functools.cache
+def terms(spec: str) -> list:
+    """--reward-terms' terms, read once a run (parse_terms reads each function's file), not at every step."""
     from grading.terms import parse_terms  # a run without --reward-terms never imports grading/
 
-    return parse_terms(cfg.reward_terms) if cfg.reward_terms else []
+    return parse_terms(spec) if spec else []
 
 
 def advantages(scores: torch.Tensor, cfg, episodes: list) -> torch.Tensor:
     """scores [n_groups, G] of the whole global batch (the weighted total R) and its episodes, whose
     details hold each term's value -> advantages [n_groups, G] (see the module docstring)."""
-    chosen = terms(cfg)
+    chosen = terms(cfg.reward_terms)
     if len(chosen) < 2:
         return policy_gradient.advantages(scores, adv_norm="group", std_estimator="unbiased", eps=EPS)
     r = torch.tensor([[e.details[f"reward/{t.name}"] for t in chosen] for e in episodes], dtype=scores.dtype)
@@ -59,7 +63,7 @@ def advantages(scores: torch.Tensor, cfg, episodes: list) -> torch.Tensor:
 
 def check(cfg) -> str:
     shaped = [name for name in ("overlong_penalty", "zero_truncated", "env") if getattr(cfg, name)]
-    if shaped and len(terms(cfg)) > 1:
+    if shaped and len(terms(cfg.reward_terms)) > 1:
         return (f"--algo gdpo normalises each reward term apart, and {', '.join(shaped)} shapes the summed score, "
                 f"which no term holds: drop {', '.join(shaped)}, or give one term")
     return ""
