@@ -494,6 +494,8 @@ def main(argv=None) -> None:
                 for note in (*setup.task.warnings, *setup.shape.warnings):  # a weak sandbox, said once
                     print(f"warning: {note}", file=sys.stderr, flush=True)
         except (ValueError, FileNotFoundError, CheckpointError) as e:  # DataError is a ValueError
+            if not first:  # rank 0 says why first: torchrun, seeing this rank gone, could stop rank 0 before it did
+                time.sleep(5)
             sys.exit(f"error: {e}" if first else 1)
         error = ""
         try:
