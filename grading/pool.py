@@ -66,7 +66,9 @@ class GradingWorker:
     executor, or a helper thread of a torchrun worker). A child process can be killed from any
     thread. A request that times out or crashes its worker scores 0 and says so in
     Verdict.failure (the caller counts it), and the next request starts a fresh worker. The worker
-    says "ready" once it has started; its replies are Verdicts as JSON, one line each.
+    says "ready" once it has started; its replies are Verdicts as JSON, one line each, and one may
+    come after "warming" ... "warm": a part of its start that it did only when a request needed it,
+    timed as the start is (STARTUP_S, not the request's limit; a budget's deadline still ends it).
     """
 
     STARTUP_S = 120.0  # importing sympy (or your reward's modules) can take a while; not charged to answers
@@ -88,7 +90,11 @@ class GradingWorker:
                     self._start(deadline)
                 self._proc.stdin.write(json.dumps(request) + "\n")  # ASCII: json escapes lone surrogates
                 self._proc.stdin.flush()
-                return self._reply(limit or self.timeout, deadline, "timeout"), ""
+                reply = self._reply(limit or self.timeout, deadline, "timeout")
+                if reply == "warming":  # a part of its start deferred to this request: timed as a start
+                    self._reply(self.STARTUP_S, deadline, "error")  # "warm"
+                    reply = self._reply(limit or self.timeout, deadline, "timeout")
+                return reply, ""
             except _NoReply as e:
                 failure = e.failure
             except OSError:  # the worker could not be run, or died before reading the request
@@ -267,9 +273,10 @@ def _math_worker(cpu_seconds: float) -> None:
     warmed worker: warm_up pays sympy's first-use imports, 0.2-0.5 s each, which would otherwise land
     on the first answer of each kind, so a change to the warm-up changes what the bound allows. The
     worker says ready after the first pair (a number: all that plain arithmetic pays, numbers() below)
-    and grades the rest before the first answer that is not plain arithmetic, outside its CPU bound
-    (inside its --grade-timeout): a file of numbers never pays sympy's first factorisation, relation,
-    sum and integral (1-2 s of CPU a worker, docs/measured.md, issue 69)."""
+    and grades the rest before the first answer that is not plain arithmetic, outside its CPU bound and,
+    said between "warming" and "warm", outside its --grade-timeout, as a start is (GradingWorker.ask): a
+    file of numbers never pays sympy's first factorisation, relation, sum and integral (1-2 s of CPU a
+    worker, docs/measured.md, issue 69)."""
     import logging
 
     import math_verify
@@ -281,7 +288,9 @@ def _math_worker(cpu_seconds: float) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if not (warmed or numbers(request)):
+            print(json.dumps("warming"), flush=True)
             warm_up(math_verify)
+            print(json.dumps("warm"), flush=True)
             warmed = True
         try:
             judged = within_cpu(cpu_seconds, judge, math_verify, request)

@@ -144,7 +144,7 @@ def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
     it; a timeout, then the next answer is graded by a fresh worker."""
     g = MathGrader(timeout=1.0)
     try:
-        g("\\boxed{1}", "1")  # start the worker outside the timed part
+        g("\\boxed{x}", "x")  # its start and warm-up (for an answer that is no number) outside the timed part
         start = time.monotonic()
         assert g("\\boxed{(x+1)^{10^{10}}}", "3") == Verdict(0.0, None, "timeout")
         assert time.monotonic() - start < 5.0
