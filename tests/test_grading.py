@@ -154,6 +154,18 @@ def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
         g.close()
 
 
+
+def test_a_warm_up_that_a_request_needs_is_timed_as_a_start():
+    """What a worker says between "warming" and "warm" (the rest of the math worker's warm-up) is
+    not the answer's: 2.5 s of it under a 1 s limit still gets the answer's verdict."""
+    g = MathGrader(timeout=1.0, command=SCRIPTED)
+    try:
+        assert g("\\boxed{warm}", "warm") == Verdict(1.0, "\\boxed{warm}")
+        assert g("\\boxed{hang}", "warm") == Verdict(0.0, None, "timeout")  # the limit is still the answer's
+    finally:
+        g.close()
+
+
 def test_crashing_worker_scores_zero_with_error():
     g = MathGrader(timeout=5.0, command=CRASH)
     try:
