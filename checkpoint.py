@@ -32,7 +32,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from model import load_trainer_state, save_checkpoint, save_hf, unreadable
-from parallel import all_reduce_sum, compute_dtype, full_state_dict, load_train_state, save_train_state
+from parallel import (all_reduce_sum, compute_dtype, full_state_dict, full_tensor, load_train_state,
+                      save_train_state)
 
 COMPLETE = ("trainer_state.pt", "train_config.yaml", "train_state/.metadata")  # every checkpoint, and its weights:
 WEIGHTS = {False: ("config.json", "model.safetensors"),  # a full fine-tune's HF folder
@@ -48,8 +49,8 @@ class CheckpointError(RuntimeError):
 
 class Logger:
     """Rank 0 writes metrics.jsonl and samples.jsonl, and hands every row to the trackers --report-to
-    names (`names`: config.trackers): TensorBoard's scalars and sample text here, wandb's and trackio's
-    runs from extras/trackers.py (imported only when named); other ranks are silent. purge_step:
+    names (`names`: config.trackers): TensorBoard's scalars and sample text, wandb's and trackio's
+    runs (tracker_run; each library imported only when named); other ranks are silent. purge_step:
     TensorBoard hides what an earlier launch logged from this step on (a resume); wandb and trackio
     continue the run they began."""
 
@@ -60,10 +61,7 @@ class Logger:
             self.metrics = (out / "metrics.jsonl").open("a")
             self.samples = (out / "samples.jsonl").open("a")
             self.tb = SummaryWriter(str(out), purge_step=purge_step) if "tensorboard" in names else None
-            self.runs = []
-            if set(names) - {"tensorboard"}:
-                from extras.trackers import start_runs
-                self.runs = start_runs(names, out=out, cfg=cfg)
+            self.runs = [tracker_run(name, out, cfg) for name in names if name != "tensorboard"]  # in the order named
 
     def log(self, step: int, metrics: dict, samples: list = ()) -> None:  # samples: rollout.Episodes
         if not self.enabled:
@@ -95,6 +93,37 @@ class Logger:
                 run.finish()
             if self.tb is not None:
                 self.tb.close()
+
+
+def tracker_run(name: str, out: Path, cfg):
+    """wandb's or trackio's started run, which Logger hands every row of metrics.jsonl (the same rounded
+    values at the same step) through the calls both libraries' runs share: run.log(metrics, step=step),
+    run.finish(). Each gets the run folder's name (runs/grpo-20261127-120000 -> grpo-20261127-120000) and
+    the whole config, in the project WANDB_PROJECT / TRACKIO_PROJECT, else "rlvr".
+
+    A resumed run (--resume) continues the tracker's run: wandb's run id is kept in the run folder
+    (wandb-id; only a resume may continue a folder that holds one: run_folder) and given back with
+    resume="allow"; trackio finds its run by project and name, and a fresh run never joins an older one
+    of the same name. The steps that a killed launch logged after its checkpoint are logged again as the
+    resume replays them: wandb online keeps the first rows (offline, each launch's folder holds its own),
+    trackio keeps both (equal but for time/ when the resume has as many ranks as the first launch).
+    wandb writes under the run folder (RUN/wandb/, or WANDB_DIR) and uploads unless WANDB_MODE=offline;
+    trackio keeps a local database in TRACKIO_DIR (default ~/.cache/huggingface/trackio; `trackio show`)
+    and syncs to a Space only when TRACKIO_SPACE_ID says which."""
+    config = dataclasses.asdict(cfg)
+    if name == "wandb":
+        import wandb
+
+        kept = out / "wandb-id"
+        run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=out.name, config=config,
+                         id=kept.read_text().strip() if kept.is_file() else None, resume="allow",
+                         dir=os.environ.get("WANDB_DIR", str(out)))
+        kept.write_text(run.id + "\n")
+        return run
+    import trackio
+
+    return trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=out.name, config=config,
+                        resume="allow" if cfg.resume else "never")
 
 
 # ----------------------------------------------------------------------------- finding them
@@ -317,16 +346,13 @@ def open_run(run: Path, cfg, logged: int, say) -> None:
 def save_run(run: Path, step: int, *, cfg, lm, optimizer, adapters, trainer_state: dict, hf_config, tokenizer,
              rank: int, device) -> None:
     """Checkpoint step-N of a training run (every rank calls: the weights are gathered, the optimizer
-    state written as shards): HF weights in save_dtype, or with LoRA the files of extras/lora.py's lora_files,
-    plus trainer_state.pt and train_config.yaml, which --resume reads."""
+    state written as shards): HF weights in save_dtype, or with LoRA (adapters: the peft model that
+    extras/lora.py's add_lora made) the files of lora_files, plus trainer_state.pt and train_config.yaml,
+    which --resume reads."""
     dtype = {"auto": compute_dtype(cfg, device), "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
-    if adapters is None:
-        weights, more = full_state_dict(lm, dtype), None
-    else:
-        from extras.lora import lora_files
-
-        weights, more = {}, lora_files(lm, adapters, dtype=dtype, scale=cfg.lora_alpha / cfg.lora_rank,
-                                       merge=cfg.lora_save_merged or step == cfg.max_steps)
+    weights, more = ((full_state_dict(lm, dtype), None) if adapters is None else
+                     ({}, lora_files(lm, adapters, dtype=dtype, scale=cfg.lora_alpha / cfg.lora_rank,
+                                     merge=cfg.lora_save_merged or step == cfg.max_steps)))
 
     def rank0_files(path):
         save_checkpoint(path, config=hf_config, tokenizer=tokenizer, weights=weights, trainer_state=trainer_state,
@@ -337,6 +363,31 @@ def save_run(run: Path, step: int, *, cfg, lm, optimizer, adapters, trainer_stat
 
     save(run, step, rank, device, keep=cfg.keep_checkpoints, rank0_files=rank0_files,
          sharded=lambda path: save_train_state(path / "train_state", lm, optimizer))
+
+
+def lora_files(lm, adapters, *, dtype: torch.dtype, scale: float, merge: bool):
+    """A LoRA checkpoint's own files, gathered now on every rank (each gather is a collective): returns
+    write(folder, save_hf), which global rank 0 calls to write the adapter folder (adapter_config.json +
+    adapter_model.safetensors, what PeftModel.from_pretrained and model.load_model read: the adapters' fp32
+    tensors, r · (in + out) per targeted layer) and, with merge, merged/: the base + scale·BA in `dtype`, an HF
+    folder that save_hf(folder, weights) writes. (The adapters and merged weights never share a folder:
+    from_pretrained would apply the adapters twice.)"""
+    weights = full_state_dict(lm, dtype, scale) if merge else {}
+    state = {f"base_model.model.{name}": full_tensor(t).detach().cpu()  # under PeftModel's names
+             for name, t in lm.state_dict(keep_vars=True).items() if ".lora_" in name}
+
+    def write(path: Path, save_hf) -> None:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        save_file(get_peft_model_state_dict(adapters, state_dict=state), str(path / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        adapters.peft_config["default"].save_pretrained(str(path))  # "default": peft's name for the one adapter
+        if weights:
+            save_hf(path / "merged", weights)
+        weights.clear()
+
+    return write
 
 
 # ----------------------------------------------------------------------------- writing one

@@ -31,7 +31,7 @@ from bounds import out_of_bounds
 from rewards import DataError
 from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
 
-TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; wandb and trackio are extras/trackers.py's
+TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; checkpoint.Logger starts each
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
 
 
@@ -100,7 +100,7 @@ class RunConfig:
     # --- any algorithm (each algorithm's own knobs come from algos/, see Config below)
     entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
     train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
-    # --- Markovian thinking (Delethink, docs/math.md §5; extras/markovian.py), with any algorithm but PACS and GSPO
+    # --- Markovian thinking (Delethink, docs/math.md §5; environments/markovian.py), with any algorithm but PACS and GSPO
     max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain
     carryover: int = 0  # m < C: tokens carried into each next chunk's prompt; 0 = C/2
     chunk_head: int = -1  # h ≤ m: of those, the first h tokens of chunk 1; the rest is the latest tail; -1 = min(100, m) (official 100)
@@ -134,7 +134,7 @@ class RunConfig:
     save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
     keep_checkpoints: int = 0  # keep only the newest this-many checkpoints; 0 = keep all
     log_samples: int = 2  # completions written to samples.jsonl per step
-    report_to: str = "tensorboard"  # trackers that get every metric besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio (pip install each of the last two; extras/trackers.py); none = metrics.jsonl alone
+    report_to: str = "tensorboard"  # trackers that get every metric besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio (pip install each of the last two; checkpoint.tracker_run); none = metrics.jsonl alone
     # --- system
     parallel: str = "auto"  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded over ranks) | auto: fsdp on CUDA, else ddp
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16: the compute dtype; master weights stay fp32
@@ -620,7 +620,7 @@ def response_tokens(cfg: RunConfig) -> int:
         return cfg.max_turns * cfg.max_new_tokens
     if cfg.max_chunks == 1:
         return cfg.max_new_tokens
-    from extras.markovian import chunking
+    from environments.markovian import chunking
 
     return chunking(cfg).max_tokens(cfg.max_new_tokens)
 
@@ -629,13 +629,13 @@ def rollout_shapes(cfg: RunConfig, tokenizer) -> tuple:
     """(the training rollout's shape, the held-out eval's), as rollout.generate takes them, built once
     before any model loads: turns with an environment (--env, environments/rollout.py; a user's file
     and the python tool's sandbox are checked here), Markovian chunks (max_chunks > 1, at eval
-    eval_max_chunks: extras/markovian.py), or the plain rollout (rollout.PLAIN)."""
+    eval_max_chunks: environments/markovian.py), or the plain rollout (rollout.PLAIN)."""
     if not cfg.env:
         from rollout import PLAIN
 
         if max(cfg.max_chunks, cfg.eval_max_chunks) == 1:
             return PLAIN, PLAIN
-        from extras.markovian import chunking
+        from environments.markovian import chunking
 
         train, held_out = chunking(cfg), chunking(cfg, evaluation=True)
         return (train if train.max_chunks > 1 else PLAIN), (held_out if held_out.max_chunks > 1 else PLAIN)

@@ -3,7 +3,7 @@ model is loaded (train.py and eval.py alike).
 
 A source is a built-in task or a task of your own (tasks.py), a data file, a saved dataset folder or a
 Hub dataset by name (grading/files.py), or a file of code problems (grading/code.py), imported only then;
-several sources make one mixed task (extras/mixed.py).
+several sources make one mixed task (grading/mixed.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tasks import CODE_TEMPLATES, TASKS, Task, domain_name, has_own_splits, load
 
 def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     """(task, train problems, held-out problems). Each source keeps eval_problems held-out problems;
-    in a mixed run (several --data sources) the task is an extras.mixed.MixedTask and every problem carries
+    in a mixed run (several --data sources) the task is an grading.mixed.MixedTask and every problem carries
     its source's name (Problem.domain)."""
     srcs, mixed = sources(cfg), "," in cfg.data
     code_file = {src: code_problems(src) for src in srcs}  # each reads the file's first row
@@ -53,10 +53,10 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
 
 
 def composed(loaded: dict, cfg: RunConfig, mixed: bool) -> tuple[Task, list[Problem], list[Problem]]:
-    """load's sources made one task (extras/mixed.py) when several, its reward made of --reward-terms' terms
+    """load's sources made one task (grading/mixed.py) when several, its reward made of --reward-terms' terms
     (grading/terms.py) when given: each file imported only then."""
     if mixed:
-        from extras.mixed import mix
+        from grading.mixed import mix
 
         task, problems, held = mix(loaded, data_weights(cfg))
     else:

@@ -348,7 +348,7 @@ def save_hf(path: Path, *, config, tokenizer, weights: dict) -> None:
 def save_checkpoint(path: Path, *, config, tokenizer, weights: dict, trainer_state: dict, run_config: dict) -> None:
     """An HF-loadable folder (save_hf) plus what --resume reads: the trainer state (step, data
     position, scheduler, ranks) and the run's Config (train_config.yaml). No weights: a LoRA
-    checkpoint, whose adapter folder extras.lora.save_adapter writes here (the tokenizer goes with it)."""
+    checkpoint, whose adapter folder checkpoint.lora_files writes here (the tokenizer goes with it)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "train_config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
     if weights:

@@ -3,7 +3,7 @@
 A plain rollout is one `generate` call per rank per step: all of the rank's prompts × G samples (or
 batches of `rollout_batch_size` of them) in one batched `sample`, left-padded, with the model in eval
 mode and the KV cache on. `generate` takes the rollout's shape, built once from the config: `Plain`
-here; Markovian thinking (extras/markovian.py, docs/math.md §5), one `sample` call per chunk round;
+here; Markovian thinking (environments/markovian.py, docs/math.md §5), one `sample` call per chunk round;
 or turns with an environment (environments/rollout.py, `--env`, §8), one call per turn, observations
 as context, never trained. Each Episode keeps its chunks, each with the exact prompt it was
 generated from: they are the training rows. Every sampling knob is passed explicitly; nothing is
@@ -128,7 +128,7 @@ def stop_ids(tokenizer) -> list[int]:
 
 class Shape:
     """What `generate` asks to write a batch of traces: the rollout's shape, built once from the config
-    (config.rollout_shapes). `Plain` below, Markovian chunks (extras/markovian.py) or turns with an
+    (config.rollout_shapes). `Plain` below, Markovian chunks (environments/markovian.py) or turns with an
     environment (environments/rollout.py); a shape of your own subclasses this one."""
     tools = None  # JSON schemas the chat template lists in the prompt (None: none)
     warnings = ()  # notes to say once before a run (a sandbox weaker than bubblewrap)

@@ -14,7 +14,7 @@ Any other `--data` is a data file (JSONL, a JSON list, parquet) in the usual sch
 graded by math-verify or by your own `--reward path/to/file.py:function` (grading/files.py), or a
 file of code problems graded in the sandbox (grading/code.py); or `path/to/file.py:Class`, a task
 of your own (examples/task_small_sums.py). data.py turns `--data` into tasks; several sources at
-once are extras/mixed.py's. The official prompt templates of the papers (`--prompt-template`,
+once are grading/mixed.py's. The official prompt templates of the papers (`--prompt-template`,
 `--code-template`) are here too: they wrap a task's problems before training.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Task:
     (`--reward`), which runs in worker processes with a timeout.
 
     The trainer also asks a task for its prompt stream (`stream`) and for metrics of its own on
-    each batch (`stats`); the defaults serve one source, and a mixed run (extras/mixed.py) overrides both.
+    each batch (`stats`); the defaults serve one source, and a mixed run (grading/mixed.py) overrides both.
     """
 
     name = "task"  # names the seeded splits, so two tasks never share a held-out split by accident

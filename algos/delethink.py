@@ -46,7 +46,7 @@ from algos.base import Algorithm
 
 PRESET = dict(max_chunks=5, adv_norm="group", clip_low=0.2, clip_high=0.26, dual_clip=3.0,
               loss_agg="seq-mean-token-mean", mini_batches=2, tis_cap=2.0)
-# Markovian thinking is the rollout (extras.markovian.Markovian); the loss is GRPO's with trace-level
+# Markovian thinking is the rollout (environments.markovian.Markovian); the loss is GRPO's with trace-level
 # aggregation, which train.update provides for every algorithm through LossInputs.seq_tokens
 ALGORITHMS = [Algorithm("delethink", PRESET, policy_gradient.batch_advantages, grpo.loss, knobs=grpo.KNOBS,
                          group_baseline=True, norm=policy_gradient.batch_norm)]

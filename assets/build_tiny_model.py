@@ -43,7 +43,7 @@ import environments.tools  # noqa: E402
 from model import ResponseLogProbs, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask  # noqa: E402
 from environments.rollout import MultiTurn  # noqa: E402
-from extras.markovian import Markovian  # noqa: E402
+from environments.markovian import Markovian  # noqa: E402
 from rollout import PLAIN, Chunk, Sampling, collate, encode_prompts, generate  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>"]

@@ -7,7 +7,7 @@ peak memory and time per generated token at the same thinking length n = 2C, 4C,
 
 C is the chunk size (--chunk). Every trace writes exactly n tokens (the stub tokenizer's EOS is an
 id the model cannot emit). LongCoT is one generate call of n tokens, so its KV cache grows to
-|q| + n. Delethink (rollout.generate with an extras.markovian.Markovian shape) uses carryover m = C/2, head h = 0 and
+|q| + n. Delethink (rollout.generate with an environments.markovian.Markovian shape) uses carryover m = C/2, head h = 0 and
 I = 1 + 2(n − C)/C chunks, so its budget C + (I − 1)(C − m) is exactly n and no context exceeds
 |q| + C; every chunk after the first reuses the query's KV cache and prefills only its m carried
 tokens. Expected: Delethink's peak memory and time per token stay flat as n grows, LongCoT's grow.
@@ -66,7 +66,7 @@ class StubTokenizer:
 
 
 def chunking_for(*, mode: str, n: int, c: int):
-    from extras.markovian import Markovian
+    from environments.markovian import Markovian
     if mode == "longcot":
         return Markovian(), n
     chunking = Markovian(carryover=c // 2, head=0, max_chunks=1 + 2 * (n - c) // c)

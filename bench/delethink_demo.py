@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from eval import evaluate  # noqa: E402
 from model import load_model, load_tokenizer  # noqa: E402
 from tasks import RunningSumTask, builtin_splits  # noqa: E402
-from extras.markovian import Markovian, chunking  # noqa: E402
+from environments.markovian import Markovian, chunking  # noqa: E402
 from config import eval_settings, parse_config, rollout_shapes  # noqa: E402
 from rollout import Generate  # noqa: E402
 

@@ -22,7 +22,9 @@ no merge, and the base weights are never written to. What else changes with LoRA
   - a checkpoint is an adapter folder (adapter_config.json + adapter_model.safetensors, for
     PeftModel.from_pretrained) and, at the end of a run or with lora_save_merged, holds merged/:
     the weights W + (α/r)·B A as a plain HF folder, computed into a new state dict
-    (parallel.full_state_dict): the live weights are never merged and unmerged. The fp32 train
+    (parallel.full_state_dict): the live weights are never merged and unmerged. checkpoint.lora_files
+    writes it, and model.py reads it, as they do every checkpoint: the core knows the layout, this
+    file only makes the adapters. The fp32 train
     state (DCP) holds the adapters and AdamW only; a resume loads the base from --model again.
 """
 from __future__ import annotations
@@ -31,13 +33,10 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from parallel import decoder_layers, full_state_dict, full_tensor
-
-ADAPTER = "default"  # peft's name for the one adapter; its tensors are <layer>.lora_A.default.weight
+from parallel import decoder_layers
 
 
 def linear_names(lm) -> tuple[list[str], set[str]]:
@@ -113,35 +112,3 @@ class AdaptersOff:
         with self.adapters.disable_adapter():
             return self.scorer(*args, **kwargs)
 
-
-def adapter_state(lm) -> dict:
-    """The adapters' full fp32 tensors under PeftModel's names, on every rank (each gather is a
-    collective, so every rank calls); small: r · (in + out) per targeted layer."""
-    return {f"base_model.model.{name}": full_tensor(t).detach().cpu()
-            for name, t in lm.state_dict(keep_vars=True).items() if ".lora_" in name}
-
-
-def save_adapter(path: Path, adapters, state: dict) -> None:
-    """adapter_config.json + adapter_model.safetensors: what PeftModel.from_pretrained loads."""
-    from peft import get_peft_model_state_dict
-    save_file(get_peft_model_state_dict(adapters, state_dict=state), str(path / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
-    adapters.peft_config[ADAPTER].save_pretrained(str(path))
-
-
-def lora_files(lm, adapters, *, dtype: torch.dtype, scale: float, merge: bool):
-    """A LoRA checkpoint's own files, gathered now on every rank (each gather is a collective):
-    returns write(folder, save_hf), which global rank 0 calls to write the adapter folder and, with
-    merge, merged/: the base + scale·BA in `dtype`, an HF folder that save_hf(folder, weights) writes.
-    (The adapters and merged weights never share a folder: from_pretrained would apply the adapters
-    twice.)"""
-    weights = full_state_dict(lm, dtype, scale) if merge else {}
-    state = adapter_state(lm)
-
-    def write(path: Path, save_hf) -> None:
-        save_adapter(path, adapters, state)
-        if weights:
-            save_hf(path / "merged", weights)
-        weights.clear()
-
-    return write

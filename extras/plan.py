@@ -260,7 +260,7 @@ def gathered_rows(cfg, s: Shape, t: Target, generating: bool = False) -> list:
 def generation_phases(cfg, s: Shape, t: Target, *, label: str, seqs: int, sampling: tuple, chunks: int) -> list:
     """Two moments of the largest generate call of `seqs` sequences: its largest prefill forward
     and its last decode step. Markovian rounds after the first also keep the q ⧺ head prefix
-    cache of every trace (extras/markovian.py), so their KV cache is that plus one chunk's context.
+    cache of every trace (environments/markovian.py), so their KV cache is that plus one chunk's context.
     With the engine (--engine fast) the KV cache is its slab, resident (engine_rows), and a step
     adds only its sampling temporaries."""
     p, c = prompt_tokens(cfg), cfg.max_new_tokens
@@ -402,7 +402,7 @@ def engine_rows(cfg, s: Shape, t: Target, seqs: int, sampling: tuple) -> tuple[l
 def prefill_rows(cfg, s: Shape, t: Target, seqs: int, chunks: int) -> list:
     """The largest prefill moment: (KV cache then, one layer's activations for the tokens of
     one forward, the attention mask over the cached length, last-position logits). A plain
-    call prefills q; a Markovian round 2 prefills q ⧺ head once (extras/markovian.py's prefill) and then the
+    call prefills q; a Markovian round 2 prefills q ⧺ head once (environments/markovian.py's prefill) and then the
     m − h tail tokens on a copy of that cache (the prefix stays for later rounds)."""
     p, b = prompt_tokens(cfg), t.bytes
     moments = [(p, p, p)]  # (cached tokens, tokens a forward, attended length)

@@ -10,6 +10,7 @@
     code.py           code problems (rows with tests) graded by running the program: --data code.jsonl
     sandbox.py        where model-written programs run: code problems and --env python
     responses.py      reading responses written elsewhere: eval.py --responses FILE
+    mixed.py          several sources in one run, each graded by its own task: --data a,b --data-weights ...
 
 The default run (built-in running sums, graded in process by rewards.py) imports none of these.
 """

@@ -70,7 +70,7 @@ def explain_math(gold_field: str, response: str, cpu: float, gold_rule: str = ""
     import math_verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    warm_up(math_verify)  # as a worker does before its first answer: the bound is sized for a warmed worker
+    warm_up(math_verify)  # as a worker does before its first answer that is not a number: the bound is sized for it
     previous = signal.signal(signal.SIGPROF, on_cpu_limit)
     try:
         judged = within_cpu(cpu, judge, math_verify, request)

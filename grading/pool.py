@@ -29,8 +29,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from grading.math_answers import AnswerTooLong, judge, math_request
-from grading.precheck import precheck
+from grading.math_answers import AnswerTooLong, judge, math_request, without_thousands
+from grading.precheck import arithmetic, precheck
 from rewards import DataError, Problem, Verdict, is_reward, plugin_spec
 
 
@@ -66,7 +66,9 @@ class GradingWorker:
     executor, or a helper thread of a torchrun worker). A child process can be killed from any
     thread. A request that times out or crashes its worker scores 0 and says so in
     Verdict.failure (the caller counts it), and the next request starts a fresh worker. The worker
-    says "ready" once it has started; its replies are Verdicts as JSON, one line each.
+    says "ready" once it has started; its replies are Verdicts as JSON, one line each, and one may
+    come after "warming" ... "warm": a part of its start that it did only when a request needed it,
+    timed as the start is (STARTUP_S, not the request's limit; a budget's deadline still ends it).
     """
 
     STARTUP_S = 120.0  # importing sympy (or your reward's modules) can take a while; not charged to answers
@@ -88,7 +90,11 @@ class GradingWorker:
                     self._start(deadline)
                 self._proc.stdin.write(json.dumps(request) + "\n")  # ASCII: json escapes lone surrogates
                 self._proc.stdin.flush()
-                return self._reply(limit or self.timeout, deadline, "timeout"), ""
+                reply = self._reply(limit or self.timeout, deadline, "timeout")
+                if reply == "warming":  # a part of its start deferred to this request: timed as a start
+                    self._reply(self.STARTUP_S, deadline, "error")  # "warm"
+                    reply = self._reply(limit or self.timeout, deadline, "timeout")
+                return reply, ""
             except _NoReply as e:
                 failure = e.failure
             except OSError:  # the worker could not be run, or died before reading the request
@@ -265,17 +271,29 @@ def _math_worker(cpu_seconds: float) -> None:
     a right answer to an unevaluated integral, 1.3-1.8 s (its series, 0.9-1.1 s; the suite's fixtures
     at most 0.3 s, math-verify's own test triples 0.6 s: docs/measured.md, issue 61). It is sized for a
     warmed worker: warm_up pays sympy's first-use imports, 0.2-0.5 s each, which would otherwise land
-    on the first answer of each kind, so a change to the warm-up changes what the bound allows."""
+    on the first answer of each kind, so a change to the warm-up changes what the bound allows. The
+    worker says ready after the first pair (a number: all that plain arithmetic pays, numbers() below)
+    and grades the rest before the first answer that is not plain arithmetic, outside its CPU bound and,
+    said between "warming" and "warm", outside its --grade-timeout, as a start is (GradingWorker.ask): a
+    file of numbers never pays sympy's first factorisation, relation, sum and integral (1-2 s of CPU a
+    worker, docs/measured.md, issue 69)."""
     import logging
 
     import math_verify
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": the parent times us
     signal.signal(signal.SIGPROF, on_cpu_limit)
-    warm_up(math_verify)
+    warm_up(math_verify, WARM_UP[:1])
     print(json.dumps("ready"), flush=True)
+    warmed = False  # the whole warm-up paid
     for line in sys.stdin:
+        request = json.loads(line)
+        if not (warmed or numbers(request)):
+            print(json.dumps("warming"), flush=True)
+            warm_up(math_verify)
+            print(json.dumps("warm"), flush=True)
+            warmed = True
         try:
-            judged = within_cpu(cpu_seconds, judge, math_verify, json.loads(line))
+            judged = within_cpu(cpu_seconds, judge, math_verify, request)
             reply = {"reward": judged.reward, "answer": judged.answer, "failure": ""}
         except OverCPU:
             reply = {"reward": 0.0, "answer": None, "failure": "timeout"}
@@ -284,15 +302,29 @@ def _math_worker(cpu_seconds: float) -> None:
         print(json.dumps(reply), flush=True)
 
 
-def warm_up(mv) -> None:
-    """Grade what pays sympy's first-use costs (it imports modules on first use: 0.2-0.5 s each, for the
-    first grading, simplification, relation, sum and integral), no answer's fault nor its CPU time (_math_worker
-    says how the CPU bound depends on it)."""
-    for gold, response in (("1", "\\boxed{1}"), ("x^2-1", "\\boxed{(x-1)(x+1)}"),
-                           ("1 \\le x \\le 2", "\\boxed{x \\in [1, 2]}"),
-                           ("F_n = \\sum_{k=0}^{n-1} a_k", "\\boxed{F_n = \\sum_{k=0}^{n-2} a_k}"),
-                           ("\\int_{0}^{1} x \\, dx", "\\boxed{\\frac{1}{2}}")):
+# (gold, response): sympy imports modules on first use, 0.2-0.5 s each, for the first grading,
+# simplification, relation, sum and integral
+WARM_UP = (("1", "\\boxed{1}"), ("x^2-1", "\\boxed{(x-1)(x+1)}"), ("1 \\le x \\le 2", "\\boxed{x \\in [1, 2]}"),
+           ("F_n = \\sum_{k=0}^{n-1} a_k", "\\boxed{F_n = \\sum_{k=0}^{n-2} a_k}"),
+           ("\\int_{0}^{1} x \\, dx", "\\boxed{\\frac{1}{2}}"))
+
+
+def warm_up(mv, pairs: tuple = WARM_UP) -> None:
+    """Grade what pays sympy's first-use costs, no answer's fault nor its CPU time (_math_worker says
+    how the CPU bound depends on it, and when a worker grades which pairs)."""
+    for gold, response in pairs:
         judge(mv, math_request(response, gold))
+
+
+def numbers(request: dict) -> bool:
+    """Whether a math_request is plain arithmetic on both sides (precheck.arithmetic reads the gold and
+    the final answer) and math-verify reads the answer alone (its box, or its line): what a worker grades
+    with the first warm-up pair alone, whose first-use costs are a number's (the suite's 41 such pairs took
+    0.08 s at most on a worker warmed by it alone, 0.04 s on a warmed one: docs/measured.md, issue 69).
+    "\\boxed{42}" against 42 -> True; "The answer is 54, not 53." -> False."""
+    answer, gold = request["answer"], request["gold"]
+    return (answer is not None and request["region"] in (answer, f"\\boxed{{{answer}}}")
+            and arithmetic(answer) is not None and arithmetic(without_thousands(gold)) is not None)
 
 
 class OverCPU(BaseException):

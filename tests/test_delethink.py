@@ -11,7 +11,7 @@ from transformers import DynamicCache
 import algos
 from model import load_model, load_tokenizer
 from rewards import Problem
-from extras.markovian import Markovian
+from environments.markovian import Markovian
 from rollout import Chunk, Episode, Sampling, collate, generate
 from config import DEFAULT_MODEL, Config
 from train import Learner, split_minibatches, update
@@ -24,7 +24,7 @@ class ScriptedLM(torch.nn.Module):
     """Stands in for a causal LM: continues the count g1, g2, ... (ids 101, 102, ...) from the
     last g-token of its prompt (or from g1 after a bare query) and writes EOS as token number
     `length` of the trace. Records every prompt it is fed, every budget, whether a prefix cache
-    came with it, and every prefix extras.markovian.prefill computes (their caches are empty stand-ins)."""
+    came with it, and every prefix environments.markovian.prefill computes (their caches are empty stand-ins)."""
 
     def __init__(self, length: int):
         super().__init__()

@@ -15,7 +15,7 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 from engine import Engine, Mode, draw, truncated
 from model import ResponseLogProbs
 from rewards import Problem
-from extras.markovian import Markovian
+from environments.markovian import Markovian
 from rollout import Chunk, Sampling, collate, generate, sample
 
 from helpers import PAD, frequent_token, prompts, random_lm, sampler_for

@@ -150,7 +150,7 @@ def test_every_registered_algorithm_runs_bare():
     has no default (here the student itself)."""
     import algos
     from config import DEFAULT_MODEL, parse_config, validate
-    from extras.markovian import chunking
+    from environments.markovian import chunking
     for name in algos.ALGORITHMS:
         cfg = parse_config(["--algo", name, *(["--teacher", DEFAULT_MODEL] if name == "opd" else [])])
         validate(cfg, 2)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from grading import pool
+from grading.math_answers import math_request
 from grading.pool import MathGrader, MathGraderPool, module_command
 from rewards import Problem, Verdict, grade_batch
 from data import make_task
@@ -66,6 +68,23 @@ def test_verdict_carries_the_extracted_answer(grader):
     verdict = grader("so $x = \\boxed{\\frac{1}{2}}$", "0.5")
     assert isinstance(verdict, Verdict) and verdict.reward == 1.0 and verdict.answer == "1/2"
     assert grader("I don't know.", "5") == Verdict(0.0, None, "")
+
+
+
+@pytest.mark.parametrize("response,gold,plain", [
+    ("\\boxed{42}", "42", True),  # eval.py --responses' usual file: the worker needs only its first warm-up pair
+    ("So $x = \\boxed{\\frac{1}{2}}$", "0.5", True),
+    ("#### 54", "54", True),  # GSM8K's line is the region, and it is the answer
+    ("The answer is 54, not 53.", "54", False),  # math-verify reads the whole line
+    ("\\boxed{x+1}", "42", False),
+    ("\\boxed{42}", "\\int_{0}^{1} x \\, dx", False),  # the gold is no number
+    ("\\boxed{3}, \\boxed{5}", "3, 5", False),  # a multi-part gold
+    ("I don't know.", "5", False),  # no final answer: math-verify reads the tail
+])
+def test_only_plain_arithmetic_skips_the_rest_of_the_warm_up(response, gold, plain):
+    """A worker grades the whole warm-up before its first request that is not plain arithmetic on both
+    sides (pool.numbers), so that the CPU bound stays sized for a warmed worker whatever the answer."""
+    assert pool.numbers(math_request(response, gold)) is plain
 
 
 def test_file_task_grades_with_math_verify(tmp_path):
@@ -125,12 +144,24 @@ def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
     it; a timeout, then the next answer is graded by a fresh worker."""
     g = MathGrader(timeout=1.0)
     try:
-        g("\\boxed{1}", "1")  # start the worker outside the timed part
+        g("\\boxed{x}", "x")  # its start and warm-up (for an answer that is no number) outside the timed part
         start = time.monotonic()
         assert g("\\boxed{(x+1)^{10^{10}}}", "3") == Verdict(0.0, None, "timeout")
         assert time.monotonic() - start < 5.0
         g.timeout = 10.0  # the fresh worker's first answer is not the thing under test
         assert g("The answer is \\boxed{7}.", "7").reward == 1.0
+    finally:
+        g.close()
+
+
+
+def test_a_warm_up_that_a_request_needs_is_timed_as_a_start():
+    """What a worker says between "warming" and "warm" (the rest of the math worker's warm-up) is
+    not the answer's: 2.5 s of it under a 1 s limit still gets the answer's verdict."""
+    g = MathGrader(timeout=1.0, command=SCRIPTED)
+    try:
+        assert g("\\boxed{warm}", "warm") == Verdict(1.0, "\\boxed{warm}")
+        assert g("\\boxed{hang}", "warm") == Verdict(0.0, None, "timeout")  # the limit is still the answer's
     finally:
         g.close()
 

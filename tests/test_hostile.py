@@ -224,7 +224,8 @@ def _math_verdict_is_expected(verdict, rewarded: bool, may_time_out: bool) -> bo
 
 @pytest.mark.parametrize("case_id,response,rewarded,may_time_out", MATH_CASES, ids=[c[0] for c in MATH_CASES])
 def test_hostile_output_on_the_math_path(math_task, case_id, response, rewarded, may_time_out):
-    math_task.grader.start()  # a worker the case before killed restarts outside the timed part
+    # a worker the case before killed restarts, and warms up for answers that are no number, outside the timed part
+    math_task.grade(math_task.problems[0], "\\boxed{x}")
     start = time.perf_counter()
     verdict = math_task.grade(math_task.problems[0], response)
     seconds = time.perf_counter() - start
@@ -244,7 +245,7 @@ def test_math_batch_of_128_worst_cases_within_the_budget(math_task):
     worst = [case for case in MATH_CASES if case[0] in MATH_WORST]
     batch = [worst[i % len(worst)] for i in range(128)]
     problem = math_task.problems[0]
-    math_task.grader.start()
+    grade_batch(math_task, [(problem, "\\boxed{x}")] * len(math_task.grader.graders))  # every worker started, warmed
     start = time.perf_counter()
     verdicts = grade_batch(math_task, [(problem, case[1]) for case in batch], budget=5.0)
     seconds = time.perf_counter() - start

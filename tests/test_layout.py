@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from test_train import SMALL  # a small batch, short responses
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL = ("grading", "environments", "extras")  # the folders of optional features
@@ -129,6 +132,43 @@ def test_the_imports_between_modules_have_no_cycle():
     assert graph["train"] >= {"rollout", "config", "algos"}  # the graph was read (the test can fail)
 
 
+
+def core_modules() -> dict[str, Path]:
+    """The core: every module of the project but the entry points (train.py, eval.py) and extras/."""
+    return {name: path for name, path in modules().items()
+            if name not in ("train", "eval") and name.split(".")[0] != "extras"}
+
+
+def test_no_core_module_imports_extras():
+    """extras/ stands on top of the core (DESIGN.md): train.py and eval.py may import it, no core module
+    may, at its top or deferred inside a function, so that deleting an extra never breaks a run that does
+    not ask for it. Read from the source: `from extras.lora import x`, `from extras import lora`, `import extras`."""
+    core = core_modules()
+    reaching = sorted(f"{name} -> {module}" for name, path in core.items()
+                      for node in ast.walk(ast.parse(path.read_text()))
+                      for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                      if module and module.split(".")[0] == "extras")
+    assert reaching == [], reaching
+    assert {"config", "data", "checkpoint", "rollout", "grading.mixed", "environments.markovian"} <= set(core)
+
+
+@pytest.mark.slow
+def test_a_tree_without_extras_imports_its_core_and_runs_a_default_step(tmp_path):
+    """What a fork that deletes extras/ keeps: in a copy of the tree without the folder, every core module
+    and eval.py import, and a 1-step default run (its checkpoint included) exits 0."""
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", "extras", "tests", "docs", "bench", "runs",
+                                                              "__pycache__"))
+    assert not (tree / "extras").exists() and (tree / "train.py").is_file()
+    names = sorted(core_modules()) + ["eval", "train"]
+    flags = [*SMALL, "--max-steps", "1", "--eval-every", "0", "--out", str(tmp_path / "run")]
+    script = f"import importlib; modules = [importlib.import_module(m) for m in {names!r}]; modules[-1].main({flags!r})"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tree, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
+
+
 # ----------------------------------------------------------------------------- one rollout seam
 
 @pytest.mark.parametrize("chunks,eval_chunks,expected", [
@@ -141,7 +181,7 @@ def test_the_config_builds_the_training_and_eval_shapes(chunks, eval_chunks, exp
     """config.rollout_shapes: I = 1 is rollout.PLAIN itself; I > 1 a Markovian with the config's m, h
     (carryover 0 -> C/2, chunk_head −1 -> min(100, m)) and its own I."""
     from config import Config, rollout_shapes
-    from extras.markovian import Markovian
+    from environments.markovian import Markovian
     from rollout import PLAIN
 
     cfg = Config(max_new_tokens=32, max_chunks=chunks, eval_max_chunks=eval_chunks)

@@ -15,7 +15,7 @@ import torch
 
 import config
 import eval as evaluation
-from extras import mixed
+from grading import mixed
 import pair
 from helpers import metrics
 import train

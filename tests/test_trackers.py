@@ -1,4 +1,4 @@
-"""--report-to: TensorBoard by default, wandb and trackio when named (extras/trackers.py), each read back
+"""--report-to: TensorBoard by default, wandb and trackio when named (checkpoint.tracker_run), each read back
 offline after a 2-rank run and its resume: rank 0 alone logs, every row of metrics.jsonl at its step,
 the run's name and config once, and the resume continues the same tracker run."""
 from __future__ import annotations
@@ -42,9 +42,10 @@ def test_a_missing_tracker_stops_before_anything_loads(tmp_path, monkeypatch):
 
 
 def test_the_logger_opens_only_the_trackers_named_and_only_on_rank_0(tmp_path, monkeypatch):
-    """TensorBoard's events with the default, metrics.jsonl alone with none; extras/trackers.py is never
+    """TensorBoard's events with the default, metrics.jsonl alone with none; neither wandb nor trackio is
     imported for either, nor on a rank other than 0 (a None in sys.modules makes its import fail)."""
-    monkeypatch.setitem(sys.modules, "extras.trackers", None)
+    for tracker in ("wandb", "trackio"):
+        monkeypatch.setitem(sys.modules, tracker, None)
     for name, report_to in (("default", "tensorboard"), ("none", "none")):
         (tmp_path / name).mkdir()
         cfg = Config(report_to=report_to)
