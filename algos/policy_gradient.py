@@ -27,8 +27,7 @@ LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 # CLIP_KNOBS (and DUAL_CLIP where it has one), and aggregate (the tail of every per-token policy
 # loss) AGGREGATE_KNOBS, plus LOSS_AGG where the loss does not fix its aggregation.
 ADVANTAGE_KNOBS = (
-    Knob("adv_norm", "group", "group | batch (Lite PPO) | none (Dr. GRPO) | rloo | mean (MaxRL: ÷ the group "
-         "mean, not its std)", choices=ADV_NORMS),
+    Knob("adv_norm", "group", "group | batch (Lite PPO) | none (Dr. GRPO) | rloo | mean (MaxRL)", choices=ADV_NORMS),
     Knob("std_estimator", "unbiased", "unbiased (n − 1, TRL/verl) | population", choices=("unbiased", "population")),
     Knob("adv_eps", 1e-6, "added to the std before dividing", at_least=0))
 # read by every algorithm whose advantage a turn credit rule can apply to each turn (Algorithm.norm)
@@ -61,8 +60,7 @@ def advantages(scores: torch.Tensor, *, adv_norm: str, std_estimator: str = "unb
     """Per-response advantages from the rewards of whole groups, scores [n_groups, G] -> same shape.
 
     [[1, 0, 0, 1]] with adv_norm="group" -> [[0.866, -0.866, -0.866, 0.866]] (unbiased std);
-    "rloo" -> [[2/3, -2/3, -2/3, 2/3]]; "none" -> [[0.5, -0.5, -0.5, 0.5]]; "mean" -> [[1, -1, -1, 1]],
-    and [[0, 0, 0, 0]] -> zeros (prime-rl's rule: a group that never scores carries no gradient).
+    "rloo" -> [[2/3, -2/3, -2/3, 2/3]]; "none" -> [[0.5, -0.5, -0.5, 0.5]]; "mean" -> [[1, -1, -1, 1]].
     """
     g = scores.shape[1]
     unbiased = std_estimator == "unbiased"
@@ -140,8 +138,7 @@ def aggregate(per_token: torch.Tensor, mb: LossInputs, cfg, totals: dict, *, los
         ℓ ← ℓ · is_weight   when train.update supplies it (sampler/trainer importance weights,
                             rollout.sampler_correction): the policy term only, as verl applies
                             rollout_is_weights to pg_losses before it adds anything else
-        ℓ ← ℓ + β · k3      the KL to a frozen reference, only when cfg.beta > 0; k3 × kl_weight
-                            when given (DeepSeek-V3.2's unbiased estimate, algos/opsm.py)
+        ℓ ← ℓ + β · k3      the KL to a frozen reference, only when cfg.beta > 0 (k3 × kl_weight if given)
         loss = Σ w · ℓ      w from token_weights: the counts of the whole mini-batch on all ranks
     Returns the loss and `metrics` with "pg/loss" (and "kl/k3") added.
 
