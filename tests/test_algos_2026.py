@@ -8,18 +8,16 @@ example in float64 with their trainers stubbed). Every new name trains 2 steps o
 session's shared launch (tests/pair.py); the update's independence of ranks and micro-batches, and LoRA,
 are tests/test_invariance.py's and tests/test_lora.py's CASES, FSDP tests/test_parallel.py's.
 """
-import json
 import math
 
 import pytest
 import torch
 
 import algos
-import pair
 from algos import LossInputs, policy_gradient
 from config import validate
 from rewards import DataError
-from test_algos_2025 import A, LOGP, OLD, cfg_for, run_loss
+from test_algos_2025 import A, LOGP, OLD, cfg_for, register_smoke, run_loss, trained_two_steps
 
 # What the frameworks' own functions returned on §1's example (logp LOGP, logp_old OLD, A, every token
 # valid; a reference 0.1 below OLD where a KL is asked): loss values and ∂loss/∂logp, row after row.
@@ -274,17 +272,8 @@ def test_new_presets_validate_and_chunks_run_where_they_can():
 
 SMOKE = [("--algo dppo_tv", "dppo/log_ratio_sq"), ("--algo dppo_kl", "pg/clipfrac"), ("--algo maxrl", "pg/clipfrac"),
          ("--algo gmpo", "pg/clipfrac"), ("--algo opsm", "opsm/masked_frac")]
-for _i, (_flags, _) in enumerate(SMOKE):
-    pair.register(f"2026-{_i}", [*_flags.split(), *pair.SMALL, "--max-new-tokens", "80"])
+register_smoke("2026", SMOKE)
 
 
 def test_torchrun_two_ranks_train_each_new_name(two_rank_runs):
-    for i, (flags, key) in enumerate(SMOKE):
-        lines = [json.loads(x) for x in (pair.folder(two_rank_runs, f"2026-{i}") / "metrics.jsonl").read_text()
-                 .splitlines()]
-        assert [x["step"] for x in lines] == [1, 2], flags
-        k = cfg_for(flags.split()[1]).mini_batches
-        for x in lines:
-            assert x["update/skipped"] == 0 and x["update/optimizer_steps"] == k, flags
-            assert math.isfinite(x[key]) and math.isfinite(x["loss/total"]), flags
-            assert x["grad/norm"] > 0 or x["reward/zero_std_groups"] == 1, flags
+    assert len(list(trained_two_steps(two_rank_runs, "2026", SMOKE))) == len(SMOKE)
