@@ -49,6 +49,9 @@ REFERENCE = {
                                                          0.0007367806, -0.0004938788, 0.0653009028, 0.0893684015,
                                                          0.0763944605, -0.0790219221, -0.0653009028, -0.0753431894]),
     "trl opsm 0.5 beta 1e-3 unbiased": (-0.0035175813, None),
+    # prime-rl src/prime_rl/orchestrator/algo/max_rl.py @ 559b447, MaxRLAlgorithm.score_group, group by group
+    "prime-rl max_rl": [[3.0, -1.0, -1.0, -1.0], [1 / 3, 1 / 3, 1 / 3, -1.0], [0.0] * 4, [-0.5, -1.0, 1.0, 0.5],
+                        [0.0] * 4],
 }
 REF_LOGP = [[x - 0.1 for x in row] for row in OLD]
 
@@ -145,17 +148,18 @@ def test_dppo_never_nan_where_a_ratio_would_overflow():
 # ---------------------------------------------------------------- MaxRL
 
 def test_maxrl_divides_by_the_group_mean():
-    scores = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.0, 2.0, 1.5]])
+    scores = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.0, 2.0, 1.5],
+                           [-1.0, 0.0, 0.0, 0.0]])
     adv = policy_gradient.batch_advantages(scores, cfg_for("maxrl"))
     expected = []
     for row in scores.tolist():
         m = sum(row) / 4
         expected.append([(r - m) / m if m > 0 else 0.0 for r in row])
     assert torch.allclose(adv, torch.tensor(expected), atol=1e-7)
+    assert torch.allclose(adv, torch.tensor(REFERENCE["prime-rl max_rl"]), atol=1e-6)
     assert adv[0].tolist() == [3.0, -1.0, -1.0, -1.0]  # a hard prompt (1 of 4): ×4 GRPO-Dr's centred advantage
     assert adv[2].tolist() == [0.0] * 4  # a group that never scores carries no gradient (prime-rl's rule)
-    negative = policy_gradient.advantages(torch.tensor([[-1.0, 0.0, 0.0, 0.0]]), adv_norm="mean")
-    assert negative.tolist() == [[0.0] * 4] and not negative.isnan().any()  # mean < 0: no signal, never NaN
+    assert adv[4].tolist() == [0.0] * 4 and not adv.isnan().any()  # a mean < 0 (shaped rewards): no signal, no NaN
     cfg = cfg_for("maxrl")
     assert (cfg.adv_norm, cfg.clip_low, cfg.clip_high, cfg.loss_agg) == ("mean", 0.2, 0.2, "token-mean")
 
