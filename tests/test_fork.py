@@ -57,7 +57,7 @@ def fork_with_toy(dest: Path) -> list[str]:
     shutil.copy(EXAMPLES / "toy_algo.py", dest / "algos" / "toy.py")
     registry = dest / "algos" / "__init__.py"
     text = registry.read_text()
-    last = '    "opd": ("opd",),  # on-policy distillation, docs/math.md §10\n'  # a line of MODULES: the toy's follows it
+    last = '    "opd": ("opd",),  # on-policy distillation, docs/math.md §10\n'  # the toy's line follows it
     registry.write_text(text.replace(last, last + '    "toy": ("toy",),\n'))
     changed = []
     for path in [*ROOT.glob("*.py"), *(ROOT / "algos").glob("*.py")]:
