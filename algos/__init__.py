@@ -20,7 +20,7 @@ from algos.base import Algorithm, Knob, LossInputs
 from algos.policy_gradient import ADVANTAGE_KNOBS, AGGREGATE_KNOBS, CLIP_KNOBS, DUAL_CLIP, LOSS_AGG, TURN_CREDIT_KNOBS
 
 MODULES = {  # file -> the --algo names its ALGORITHMS define
-    "grpo": ("grpo", "dapo", "dr_grpo", "lite_ppo", "rloo"),
+    "grpo": ("grpo", "dapo", "dr_grpo", "lite_ppo", "rloo", "maxrl"),
     "nsr": ("psr", "nsr", "w_reinforce"),
     "rover": ("rover",),
     "pacs": ("pacs",),
@@ -32,6 +32,9 @@ MODULES = {  # file -> the --algo names its ALGORITHMS define
     "cov": ("clip_cov", "kl_cov"),
     "gdpo": ("gdpo",),  # several reward terms, docs/math.md §9
     "opd": ("opd",),  # on-policy distillation, docs/math.md §10
+    "dppo": ("dppo_tv", "dppo_kl"),  # the 2026 losses of docs/math.md §11
+    "gmpo": ("gmpo",),
+    "opsm": ("opsm",),
 }
 # the frozen model a distillation loss reads in the reference's place (algos/opd.py): train.models loads it,
 # so like beta it is a field of every run, refused (config.knob_checks) where the algorithm does not read it

@@ -77,7 +77,8 @@ def to_go(rewards: list[float], last: float, gamma: float) -> list[float]:
 def normalised(values: list[float], sets: list, norm: dict) -> list[float]:
     """policy_gradient.advantages with `norm`'s settings, applied to each set of values (rows with
     the same key in `sets`) as to a group, in float64. adv_norm "batch" (Lite PPO): each set's mean,
-    the std of all the values. A set of one keeps its value (no baseline; leave-one-out has no other).
+    the std of all the values. A set of one keeps its value (no baseline; leave-one-out has no other; MaxRL's
+    mean rule gives it 0, as prime-rl gives a group of one).
     [1, 0, 1, 1] in sets [a, a, b, b], group z-score -> [0.707, −0.707, 0, 0]."""
     x = torch.tensor(values, dtype=torch.float64)
     out = torch.empty_like(x)

@@ -1,8 +1,9 @@
-"""GRPO and its family — one clipped policy-gradient loss, five presets of explicit knobs.
+"""GRPO and its family — one clipped policy-gradient loss, six presets of explicit knobs.
 
 docs/math.md §1. Papers: GRPO (DeepSeekMath, arXiv 2402.03300; TRL's GRPOTrainer), DAPO (arXiv
 2503.14476), Dr. GRPO ("Understanding R1-Zero-Like Training", arXiv 2503.20783), Lite PPO ("Tricks
-or Traps? Part I", arXiv 2508.08221), RLOO ("Back to Basics", arXiv 2402.14740).
+or Traps? Part I", arXiv 2508.08221), RLOO ("Back to Basics", arXiv 2402.14740), MaxRL ("Maximum
+Likelihood Reinforcement Learning", arXiv 2602.02710; prime-rl's max_rl, docs/math.md §11).
 
 The loss is the shared pieces of algos/policy_gradient.py end to end (the formulas are there): the
 advantage by knob `adv_norm`, the PPO clip with an optional dual clip, an optional β·k3 KL to a
@@ -40,6 +41,8 @@ PRESETS = {
                     loss_agg="seq-mean-token-sum-norm", mini_batches=8, zero_truncated=True),
     "lite_ppo": dict(adv_norm="batch", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
     "rloo": dict(adv_norm="rloo", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
+    # MaxRL (docs/math.md §11): ÷ the group's mean reward; token-mean over the mini-batch, as prime-rl's max_rl
+    "maxrl": dict(adv_norm="mean", clip_low=0.2, clip_high=0.2, loss_agg="token-mean"),
 }
 KNOBS = (*policy_gradient.ADVANTAGE_KNOBS, *policy_gradient.TURN_CREDIT_KNOBS, *policy_gradient.CLIP_KNOBS,
          policy_gradient.DUAL_CLIP, policy_gradient.LOSS_AGG, *policy_gradient.AGGREGATE_KNOBS)

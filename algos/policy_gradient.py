@@ -5,7 +5,8 @@ their own for the rest. docs/math.md §1 has the formulas, §0 the global counts
 
     advantages         A_i from the rewards of the group (or the batch), knob `adv_norm`:
                        group (R_i − mean_g R) / (std_g R + eps) | batch: the std of the whole batch |
-                       none: R_i − mean_g R | rloo: R_i − the mean of the other G − 1
+                       none: R_i − mean_g R | rloo: R_i − the mean of the other G − 1 |
+                       mean (MaxRL): (R_i − mean_g R) / mean_g R, 0 where mean_g R ≤ 0
     clipped_surrogate  ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)),  r = exp(logp − logp_old)
                        optional dual clip c (A < 0: ℓ ← min(ℓ, −c·A))
     k3_kl              k3 = e^(ref − θ) − (ref − θ) − 1 ≥ 0 per token, the KL to a frozen reference
@@ -19,14 +20,14 @@ import torch
 from algos.base import Knob, LossInputs
 from algos.high_entropy import TOP_ENTROPY_QUANTILE
 
-ADV_NORMS = ("group", "batch", "none", "rloo")
+ADV_NORMS = ("group", "batch", "none", "rloo", "mean")
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
 # The knobs, in the groups the losses share: batch_advantages reads ADVANTAGE_KNOBS, a PPO clip
 # CLIP_KNOBS (and DUAL_CLIP where it has one), and aggregate (the tail of every per-token policy
 # loss) AGGREGATE_KNOBS, plus LOSS_AGG where the loss does not fix its aggregation.
 ADVANTAGE_KNOBS = (
-    Knob("adv_norm", "group", "group | batch (Lite PPO) | none (Dr. GRPO) | rloo", choices=ADV_NORMS),
+    Knob("adv_norm", "group", "group | batch (Lite PPO) | none (Dr. GRPO) | rloo | mean (MaxRL)", choices=ADV_NORMS),
     Knob("std_estimator", "unbiased", "unbiased (n − 1, TRL/verl) | population", choices=("unbiased", "population")),
     Knob("adv_eps", 1e-6, "added to the std before dividing", at_least=0))
 # read by every algorithm whose advantage a turn credit rule can apply to each turn (Algorithm.norm)
@@ -59,7 +60,7 @@ def advantages(scores: torch.Tensor, *, adv_norm: str, std_estimator: str = "unb
     """Per-response advantages from the rewards of whole groups, scores [n_groups, G] -> same shape.
 
     [[1, 0, 0, 1]] with adv_norm="group" -> [[0.866, -0.866, -0.866, 0.866]] (unbiased std);
-    "rloo" -> [[2/3, -2/3, -2/3, 2/3]]; "none" -> [[0.5, -0.5, -0.5, 0.5]].
+    "rloo" -> [[2/3, -2/3, -2/3, 2/3]]; "none" -> [[0.5, -0.5, -0.5, 0.5]]; "mean" -> [[1, -1, -1, 1]].
     """
     g = scores.shape[1]
     unbiased = std_estimator == "unbiased"
@@ -75,6 +76,8 @@ def advantages(scores: torch.Tensor, *, adv_norm: str, std_estimator: str = "unb
         std = scores.std(1, keepdim=True, unbiased=unbiased) if g > 1 else torch.ones_like(scores)
     elif adv_norm == "batch":  # Lite PPO: group mean, std of the whole (global) batch
         std = scores.flatten().std(unbiased=unbiased) if scores.numel() > 1 else scores.new_ones(())
+    elif adv_norm == "mean":  # MaxRL: no eps; a group whose mean is ≤ 0 (never solved) gets advantage 0
+        return torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)
     else:
         raise ValueError(f"adv_norm={adv_norm!r}: choose one of {', '.join(ADV_NORMS)}")
     return centred / (std + eps)
@@ -127,7 +130,7 @@ def k3_kl(logp, ref_logp):
 
 
 def aggregate(per_token: torch.Tensor, mb: LossInputs, cfg, totals: dict, *, loss_agg: str,
-              metrics: dict) -> tuple[torch.Tensor, dict]:
+              metrics: dict, kl_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The tail every per-token policy loss shares (docs/math.md §1's, §2's and §7's): a surrogate
     ℓ [n, T] -> Σ w·ℓ over the micro-batch, a share of the mini-batch's loss, in this order:
         ℓ ← ℓ · high_entropy  with --top-entropy-quantile: only the high-entropy tokens carry the
@@ -135,7 +138,7 @@ def aggregate(per_token: torch.Tensor, mb: LossInputs, cfg, totals: dict, *, los
         ℓ ← ℓ · is_weight   when train.update supplies it (sampler/trainer importance weights,
                             rollout.sampler_correction): the policy term only, as verl applies
                             rollout_is_weights to pg_losses before it adds anything else
-        ℓ ← ℓ + β · k3      the KL to a frozen reference, only when cfg.beta > 0
+        ℓ ← ℓ + β · k3      the KL to a frozen reference, only when cfg.beta > 0 (k3 × kl_weight if given)
         loss = Σ w · ℓ      w from token_weights: the counts of the whole mini-batch on all ranks
     Returns the loss and `metrics` with "pg/loss" (and "kl/k3") added.
 
@@ -150,6 +153,8 @@ def aggregate(per_token: torch.Tensor, mb: LossInputs, cfg, totals: dict, *, los
     metrics = {"pg/loss": (w * per_token).sum().detach(), **metrics}
     if cfg.beta > 0:  # not weighted: the reference KL is a regulariser, not a sampled estimate
         kl = k3_kl(mb.logp, mb.ref_logp)
+        if kl_weight is not None:
+            kl = kl * kl_weight
         metrics["kl/k3"] = (mb.mask * kl).sum().detach() / max(totals["tokens"], 1)
         per_token = per_token + cfg.beta * kl
     return (w * per_token).sum(), metrics

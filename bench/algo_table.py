@@ -5,6 +5,7 @@
     python bench/algo_table.py --algos rover pacs   # a subset
     python bench/algo_table.py --lr 3e-4            # every algorithm at one learning rate
     python bench/algo_table.py --new                # the docs/math.md §7 losses (gspo ... kl_cov), ~35 min
+    python bench/algo_table.py --new-2026 --seeds 0,1,2   # grpo, then the §11 losses (dppo_tv ... opsm)
     python bench/algo_table.py --algos grpo -- --top-entropy-quantile 0.2   # flags for every run
 
 Each algorithm runs its configs/tiny_<algo>.yaml — the default run's task, batch (16 prompts × 8),
@@ -35,6 +36,7 @@ from extras.seeds import difference, over_seeds, problem_accuracies, read_rows, 
 
 KS = (1, 4, 16)
 NEW = ["gspo", "cispo", "sapo", "reinforce_pp", "clip_cov", "kl_cov"]  # docs/math.md §7
+NEW_2026 = ["dppo_tv", "dppo_kl", "maxrl", "gmpo", "opsm"]  # docs/math.md §11
 
 
 def run(algo: str, out: Path, seeds: list[int], flags: list[str]) -> tuple[dict, dict, list[float], float]:
@@ -57,6 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--algos", nargs="+", default=["grpo", "rover", "pacs", "psr", "nsr", "w_reinforce"])
     parser.add_argument("--new", action="store_true", help="the docs/math.md §7 losses instead: " + " ".join(NEW))
+    parser.add_argument("--new-2026", action="store_true", help="grpo, then the docs/math.md §11 losses: " +
+                        " ".join(NEW_2026))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, each algorithm run once per seed")
     parser.add_argument("--steps", type=int, help="training steps of every run (default: each config's)")
     parser.add_argument("--lr", help="override every config's learning rate")
@@ -67,6 +71,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.new:
         args.algos = NEW
+    if args.new_2026:  # each row's difference from GRPO, the first
+        args.algos = ["grpo", *NEW_2026]
     seeds = [int(s) for s in args.seeds.split(",")]
     steps = ["--max-steps", str(args.steps), "--eval-every", str(args.steps)] if args.steps else ["--eval-every", "400"]
     flags = steps + (["--lr", args.lr] if args.lr else []) + args.flags

@@ -341,14 +341,20 @@ SMOKE = [("--algo gspo", "pg/clipfrac"), ("--algo cispo", "pg/clipfrac"), ("--al
          ("--algo reinforce_pp", "kl/k3"), ("--algo clip_cov", "cov/selected_frac"),
          ("--algo kl_cov", "cov/selected_frac"), ("--algo grpo --top-entropy-quantile 0.2", "entropy/high_frac"),
          ("--algo rover --top-entropy-quantile 0.2", "entropy/high_frac")]
-# 80 tokens: the shipped model's answers need ~50, so some are right and groups have a spread
-for _i, (_flags, _) in enumerate(SMOKE):
-    pair.register(f"2025-{_i}", [*_flags.split(), *pair.SMALL, "--max-new-tokens", "80"])
 
 
-def test_torchrun_two_ranks_train_each_new_name(two_rank_runs):
-    for i, (flags, key) in enumerate(SMOKE):
-        lines = [json.loads(x) for x in (pair.folder(two_rank_runs, f"2025-{i}") / "metrics.jsonl").read_text()
+def register_smoke(prefix: str, smoke: list) -> None:
+    """Each (flags, metric) of `smoke` a 2-step run in the shared launch, named prefix-i. 80 tokens: the
+    shipped model's answers need ~50, so some are right and groups have a spread."""
+    for i, (flags, _) in enumerate(smoke):
+        pair.register(f"{prefix}-{i}", [*flags.split(), *pair.SMALL, "--max-new-tokens", "80"])
+
+
+def trained_two_steps(two_rank_runs, prefix: str, smoke: list):
+    """(flags, metric, its metrics.jsonl rows) of each run register_smoke made, once checked: 2 steps, none
+    skipped, K optimizer steps each, the metric and the loss finite, a gradient wherever a group has a spread."""
+    for i, (flags, key) in enumerate(smoke):
+        lines = [json.loads(x) for x in (pair.folder(two_rank_runs, f"{prefix}-{i}") / "metrics.jsonl").read_text()
                  .splitlines()]
         assert [x["step"] for x in lines] == [1, 2], flags
         k = cfg_for(flags.split()[1]).mini_batches
@@ -356,6 +362,14 @@ def test_torchrun_two_ranks_train_each_new_name(two_rank_runs):
             assert x["update/skipped"] == 0 and x["update/optimizer_steps"] == k, flags
             assert math.isfinite(x[key]) and math.isfinite(x["loss/total"]), flags
             assert x["grad/norm"] > 0 or x["reward/zero_std_groups"] == 1, flags  # no spread, no signal
+        yield flags, key, lines
+
+
+register_smoke("2025", SMOKE)
+
+
+def test_torchrun_two_ranks_train_each_new_name(two_rank_runs):
+    for flags, key, lines in trained_two_steps(two_rank_runs, "2025", SMOKE):
         if "entropy" in key:
             assert all(0.15 < x[key] < 0.3 for x in lines), (flags, [x[key] for x in lines])
 

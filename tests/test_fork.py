@@ -57,7 +57,7 @@ def fork_with_toy(dest: Path) -> list[str]:
     shutil.copy(EXAMPLES / "toy_algo.py", dest / "algos" / "toy.py")
     registry = dest / "algos" / "__init__.py"
     text = registry.read_text()
-    last = '    "opd": ("opd",),  # on-policy distillation, docs/math.md §10\n'  # the last line of MODULES
+    last = '    "opd": ("opd",),  # on-policy distillation, docs/math.md §10\n'  # the toy's line follows it
     registry.write_text(text.replace(last, last + '    "toy": ("toy",),\n'))
     changed = []
     for path in [*ROOT.glob("*.py"), *(ROOT / "algos").glob("*.py")]:
@@ -182,8 +182,8 @@ def test_every_knob_is_a_field_flag_and_yaml_key_with_its_readers_in_help(capsys
     for name, knob in algos.KNOBS.items():
         assert getattr(config.Config(), name) == knob.default
         assert "--" + name.replace("_", "-") in help_text
-    assert config._help("dual_clip").endswith("[grpo, dapo, dr_grpo, lite_ppo, rloo, psr, nsr, w_reinforce, delethink, "
-                                              "reinforce_pp, gdpo, opd]")
+    assert config._help("dual_clip").endswith("[grpo, dapo, dr_grpo, lite_ppo, rloo, maxrl, psr, nsr, w_reinforce, "
+                                              "delethink, reinforce_pp, gdpo, opd, opsm]")
     assert config.readers("rover_temp") == ["rover"]
 
 
@@ -340,7 +340,7 @@ STALE = r"SPEC(?:\.md)? ?§\d+|\.\./" + "shared"  # the contract outside the rep
 
 def test_every_citation_of_the_math_resolves_inside_the_repository():
     sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "math.md").read_text(), flags=re.M))
-    assert sections == {str(n) for n in range(11)}
+    assert sections == {str(n) for n in range(12)}
     cited, stale = set(), []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()

@@ -142,7 +142,13 @@ CASES = [("grpo", {}), ("dapo", {"mask_truncated": True}), ("dr_grpo", {}), ("rl
          # docs/math.md §10: per-token advantages from a teacher, scored on every rank's share; with the reward's
          # group advantage and a discount, over K = 2 mini-batches (the teacher scored before the first step)
          ("opd", {"teacher": "moved"}),
-         ("opd", {"teacher": "moved", "opd_alpha": 1.0, "opd_gamma": 0.5, "mini_batches": 2})]
+         ("opd", {"teacher": "moved", "opd_alpha": 1.0, "opd_gamma": 0.5, "mini_batches": 2}),
+         # docs/math.md §11: DPPO's probability masks, with the squared log-ratio penalty, also on chunk rows; MaxRL's
+         # advantage; GMPO's geometric mean; the off-policy sequence mask with the unbiased KL to a reference. K = 2
+         # (their masks barely act on lr-1 steps of a random model: more steps grow rounding past 1e-5)
+         ("dppo_tv", {"mini_batches": 2, "kl_tau": 0.1}), ("dppo_kl", {"mini_batches": 2}),
+         ("dppo_tv", {"mini_batches": 2, "max_chunks": 3}), ("maxrl", {}), ("maxrl", {"max_chunks": 3}),
+         ("gmpo", {"mini_batches": 2}), ("opsm", {"mini_batches": 2, "off_policy_mask": 0.05})]
 
 
 def config(algo, over, micro):
