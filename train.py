@@ -602,6 +602,9 @@ def train(cfg: Config, setup: Setup) -> None:
         if rank == 0:  # per problem, for eval.py --compare and extras/seeds.py
             write_problems(out / "evals" / f"step-{step}.jsonl", records)
         log(f"step {step} " + shown(metrics, keys or metrics))
+        if cfg.health and rank == 0 and step:  # the curves so far, read for the user (the step never calls it)
+            from extras.health import verdict
+            log(verdict(out, {"step": step, **metrics}, logger.tb))
         return metrics
 
     sampler = sampler_class(cfg).start(cfg, lm, world, learner.optimizer)  # who samples, built once

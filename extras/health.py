@@ -1,0 +1,526 @@
+"""Is it learning? A run's curves read for it: each finding a symptom, its evidence, causes, knobs, docs.
+
+    python -m extras.health runs/grpo-20261203-061000                 # one run, most serious first
+    python -m extras.health runs/a runs/b                             # several, one report each
+
+It reads a run folder's metrics.jsonl (and config.yaml for the run's budget, batch and dtype,
+samples.jsonl for a response to explain), of a finished run, one still going or one that crashed:
+a last line cut short by a kill is skipped and said, a metric an older version did not log is a check
+not made. Each finding has a severity (alarm: the run is broken; warning: something is likely
+wrong; note: worth knowing, no failure) and names the metric, the steps and the values against the
+healthy range, the likely causes, the knobs with their flags, and its section of docs/run-health.md,
+which says how each threshold below was measured (the default run over seeds 0, 1, 2; the tiny_*
+recipes; the failures of docs/measured.md and short runs made to fail). A healthy run is one line.
+
+train.py calls `verdict` at each eval (`--health false`: never): one line on the console and the
+whole report as TensorBoard text (tag `health`); the step itself never calls it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SEVERITIES = ("alarm", "warning", "note")  # most serious first
+DOCS = "docs/run-health.md"
+
+# Each threshold: the measured reason beside it (docs/run-health.md has the runs; "the default run" is
+# `python train.py` over seeds 0, 1, 2, 150 steps; "healthy" ranges are its steps' values over the seeds).
+NO_SIGNAL = 0.9  # share of all-equal groups over the last window: the default run peaks at 0.81 (a group of 8 at 90% accuracy is all-right 43% of the time); the 4-digit sums give 1.0
+ENTROPY_BLOWUP = 0.5  # nats per token, late: the default run stays ≤ 0.06; lr 1e-2 writes gibberish at 1.5-2.5
+ENTROPY_COLLAPSE = 0.1  # late over early entropy: the default run ends at 0.3-0.6 of its start; collapsed runs fall below 0.05
+COLLAPSE_DROP = 0.25  # smoothed training reward's fall from its peak: the default run's largest is 0.09; lr 1e-3 constant falls 0.7
+COLLAPSE_EVAL_SE = 3.0  # an eval below the best one by this many standard errors of the difference (and 10 points)
+TRUNCATED = 0.2  # share of responses without EOS: the default run ≤ 0.02; --max-new-tokens 24 truncates all
+LENGTH_RISE = 1.3  # late over early mean length with correctness flat: the default run's length moves ≤ 10%
+FLAT = 0.05  # a correctness change smaller than this counts as flat (the default run gains ~0.15)
+CLIPFRAC = 0.2  # share of tokens clipped: K = 1 clips none; the K = 4 recipes stay under 0.05; μ = 4 at lr 2e-3 clips 0.3+
+GRAD_NORM = 5.0  # median pre-clip gradient norm, late: the default run stays under 1.2; PACS's collapse logged 20-37
+KL_RISE, KL_MIN = 10.0, 0.05  # k3 KL to the reference, late over early and at least this: a run held by β stays flat
+MISMATCH = {"fp32": 1e-6, "bf16": 5e-3}  # mismatch/kl per token the sampler's dtype explains: fp32 measured ≤ 1e-9, bf16 ≤ 1e-3
+FORMAT_SHARE = 0.5  # of the zeros, the share with no answer at all: the default run ≤ 0.05 (it always writes <answer>)
+EVAL_Z = 1.96  # a 95% interval: a held-out change inside it is one the eval cannot tell from noise
+ALWAYS_FAILS = 0.99  # a reward term failing on this share of responses fails on all of them, to rounding
+TAKEN = {"mean", "std", "zero_std_groups", "grader_failures", "format_failures", "correct"}  # not terms of --reward-terms
+
+
+class RunError(ValueError):
+    """A run folder that cannot be read at all: one line that says what to give instead."""
+
+
+@dataclass
+class Finding:
+    severity: str  # one of SEVERITIES
+    symptom: str
+    evidence: str  # the metric, the steps, the values against the healthy range
+    causes: str
+    knobs: str  # the flags to turn
+    section: str  # anchor in docs/run-health.md
+
+    def line(self) -> str:
+        return f"[{self.severity}] {self.symptom}: {self.evidence}"
+
+    def block(self) -> str:
+        return "\n".join([self.line(), f"  likely:  {self.causes}", f"  knobs:   {self.knobs}",
+                          f"  docs:    {DOCS}#{self.section}"])
+
+
+@dataclass
+class Run:
+    folder: Path
+    train: list  # rows with a training step's metrics (reward/mean), by step
+    evals: list  # rows with eval/accuracy, by step
+    config: dict  # config.yaml, or {} when the folder has none
+    remarks: list  # what reading met: a cut last line, no config
+
+    def values(self, key: str, rows=None) -> list[tuple[int, float]]:
+        """(step, value) of each row that logged key: a run from an older version may have none."""
+        return [(r["step"], float(r[key])) for r in (self.train if rows is None else rows) if key in r]
+
+    def cfg(self, key: str, default):
+        return self.config.get(key, default)
+
+
+def read_run(folder) -> Run:
+    """A run folder -> its Run; a RunError for a folder that is missing, has no metrics.jsonl or an empty one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunError(f"{folder}: no such folder; give a run folder (the --out of train.py, runs/<algo>-<timestamp>)")
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        raise RunError(f"{folder}: no metrics.jsonl here; a run writes it at its first eval or step (has it started?)")
+    lines = path.read_text().splitlines()
+    by_step, remarks = {}, []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+            by_step[int(row["step"])] = {**by_step.get(int(row["step"]), {}), **row}  # a resume logs a step again
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            remarks.append(f"metrics.jsonl line {n} is cut short (a run killed mid-write): read the rest"
+                           if n == len(lines) else f"metrics.jsonl line {n} is not a metrics row: skipped")
+    if not by_step:
+        raise RunError(f"{folder}: metrics.jsonl holds no rows yet; read it after the first step or eval")
+    try:
+        config = _yaml(folder / "config.yaml")
+    except (OSError, ValueError) as e:
+        config, remarks = {}, remarks + [f"config.yaml unreadable ({e}): read with the defaults' budget and batch"]
+    rows = [by_step[s] for s in sorted(by_step)]
+    return Run(folder, [r for r in rows if "reward/mean" in r], [r for r in rows if "eval/accuracy" in r],
+               config, remarks)
+
+
+def _yaml(path: Path) -> dict:
+    import yaml  # config.py's own reader; only a run folder with a config.yaml needs it
+
+    if not path.is_file():
+        raise OSError("none in the folder")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(str(e).splitlines()[0]) from None
+    return values if isinstance(values, dict) else {}
+
+
+# ----------------------------------------------------------------------------- the windows a check reads
+
+def window(n: int) -> int:
+    """Rows a start or end window holds: a fifth of the run, 3 at least (150 steps -> 30; 12 -> 3)."""
+    return max(3, n // 5)
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def median(xs) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else math.nan
+
+
+def ends(series: list[tuple[int, float]], stat=mean) -> tuple[float, float, str, str]:
+    """(start value, end value, their step spans) over the first and last window of a series."""
+    w = window(len(series))
+    head, tail = series[:w], series[-w:]
+    return (stat(v for _, v in head), stat(v for _, v in tail), f"steps {head[0][0]}-{head[-1][0]}",
+            f"steps {tail[0][0]}-{tail[-1][0]}")
+
+
+def enough(series: list, rows: int = 6) -> bool:
+    return len(series) >= rows  # under 6 steps a start and an end window would overlap
+
+
+# ----------------------------------------------------------------------------- the checks, most serious first
+
+def non_finite(run: Run) -> list[Finding]:
+    keys = ("grad/norm", "loss/total", "pg/loss", "entropy/mean", "kl/k3", "reward/mean")
+    bad = [(r["step"], k, r[k]) for r in run.train for k in keys if k in r and not math.isfinite(float(r[k]))]
+    if not bad:
+        return []
+    step, key, value = bad[0]
+    return [Finding("alarm", "NaN or inf in training", f"{key} = {value} at step {step} ({len(bad)} value(s) in all; "
+                    f"healthy: finite at every step)",
+                    "an overflow in the update: a learning rate far too high, a loss divided by a zero count, "
+                    "bf16 where a sum needs fp32",
+                    "--lr (÷10), --grad-clip 1.0, --precision fp32; resume from a checkpoint before that step",
+                    "nan-or-inf")]
+
+
+def collapse(run: Run) -> list[Finding]:
+    found = []
+    reward = run.values("reward/mean")
+    if enough(reward, 10):
+        w = window(len(reward))
+        smooth = [mean(v for _, v in reward[max(0, i - w + 1):i + 1]) for i in range(len(reward))]
+        peak = max(range(len(smooth) - w), key=smooth.__getitem__, default=None)
+        last = mean(v for _, v in reward[-w:])
+        # a small batch's reward is noisy: the fall must also stand 4 standard errors of a window's mean apart
+        noise = 4 * math.sqrt(2 / w) * statistics.pstdev(v for _, v in reward)
+        if peak is not None and smooth[peak] - last > max(COLLAPSE_DROP, noise):
+            found.append(Finding(
+                "alarm", "training reward collapsed after its peak",
+                f"reward/mean {smooth[peak]:.3f} around step {reward[peak][0]} (mean of {w} steps), {last:.3f} over "
+                f"steps {reward[-w][0]}-{reward[-1][0]} (healthy: the default run never falls more than 0.09 below "
+                f"its peak)",
+                "each update overshoots: the learning rate too high for the batch, too many optimizer steps per "
+                "rollout batch (K mini-batches × μ epochs), a constant schedule",
+                "--lr (e.g. ÷3), --lr-schedule linear, fewer --mini-batches or --epochs, --grad-clip", "collapse"))
+    evals = [r for r in run.evals if "eval/accuracy_se" in r]
+    if len(evals) >= 3:
+        best = max(evals[:-1], key=lambda r: r["eval/accuracy"])
+        last = evals[-1]
+        drop = best["eval/accuracy"] - last["eval/accuracy"]
+        se = math.hypot(best["eval/accuracy_se"], last["eval/accuracy_se"])
+        if drop > max(COLLAPSE_EVAL_SE * se, 0.1):
+            found.append(Finding(
+                "alarm", "held-out accuracy collapsed after its peak",
+                f"eval/accuracy {best['eval/accuracy']:.1%} at step {best['step']}, {last['eval/accuracy']:.1%} at "
+                f"step {last['step']}: down {drop:.1%}, {drop / se:.1f} standard errors (healthy: within 3)",
+                "the policy overshot and forgot: the learning rate too high, too many optimizer steps per rollout "
+                "batch, LoRA's lr multiplier too large for a small model",
+                "--lr, --lr-schedule linear, --lora-lr-scale, fewer --mini-batches; keep the checkpoint of the peak "
+                "(--save-every)", "collapse"))
+    return found[:1] if len(found) == 2 else found  # one collapse is one finding: the reward's, which comes first
+
+
+def entropy(run: Run) -> list[Finding]:
+    series = run.values("entropy/mean")
+    if not enough(series):
+        return []
+    start, end, head, tail = ends(series, median)
+    if end > ENTROPY_BLOWUP and end > 3 * start:
+        extra = []
+        for key, label in (("length/truncated", "truncated"), ("reward/format_failures", "format failures")):
+            s = run.values(key)
+            if s:
+                extra.append(f"{label} {ends(s)[0]:.2f} → {ends(s)[1]:.2f}")
+        return [Finding("alarm", "entropy blew up: the policy writes gibberish",
+                        f"entropy/mean {start:.3f} over {head}, {end:.3f} nats per token over {tail} (healthy: "
+                        f"0.01-0.06 on the default run){'; ' + ', '.join(extra) if extra else ''}",
+                        "a learning rate so high that an update breaks the model, a sampling temperature too high, "
+                        "a negative-only or entropy-bonus objective pushing probability out",
+                        "--lr (÷10), --temperature 1.0, --entropy-coef 0, --grad-clip 1.0", "entropy-blow-up")]
+    if start > 0 and end < ENTROPY_COLLAPSE * start:
+        return [Finding("warning", "entropy collapsed: the policy stopped exploring",
+                        f"entropy/mean {start:.4f} over {head}, {end:.5f} over {tail}: {end / start:.3f} of its start "
+                        f"(healthy: the default run ends at 0.3-0.6 of its start)",
+                        "updates too large sharpen every token (the learning rate, K × μ optimizer steps per batch), "
+                        "a clip that lets probabilities rise unbounded",
+                        "--lr, --temperature (higher), --clip-high (DAPO's clip-higher), "
+                        "--top-entropy-quantile 0.2, --algo clip_cov or kl_cov", "entropy-collapse")]
+    return []
+
+
+def no_signal(run: Run) -> list[Finding]:
+    zero = run.values("reward/zero_std_groups")
+    reward = run.values("reward/mean")
+    if len(zero) < 3:
+        return []
+    w = window(len(zero))
+    share, level = mean(v for _, v in zero[-w:]), mean(v for _, v in reward[-w:])
+    if share <= NO_SIGNAL:
+        return []
+    kind = ("all right: the problems are too easy" if level > 0.5 else "all wrong: the problems are too hard, or "
+            "the grader never finds an answer")
+    # truncation or format failures that zero the rewards are the cause, said first; this is their echo
+    explained = truncation(run) or format_failures(run)
+    return [Finding("warning" if explained else "alarm", "no learning signal: nearly every group scores alike",
+                    f"reward/zero_std_groups {share:.2f} over steps {zero[-w][0]}-{zero[-1][0]}, reward/mean "
+                    f"{level:.3f} (healthy: ≤ 0.81 on the default run); the groups are {kind}",
+                    "a group whose G rewards are equal has advantage 0 everywhere, so the step learns nothing from "
+                    "it: problems outside the model's reach, too small a group, a grader that cannot read the answers",
+                    "--group-size (larger), easier or harder --data (python -m extras.pass_filter keeps the "
+                    "problems of pass rate 0.1-0.9), --dynamic-sampling true", "no-learning-signal")]
+
+
+def format_failures(run: Run) -> list[Finding]:
+    share, reward = run.values("reward/format_failures"), run.values("reward/mean")
+    if len(share) < 3:
+        return []
+    w = window(len(share))
+    level, zeros = mean(v for _, v in share[-w:]), 1 - mean(v for _, v in reward[-w:])
+    if level <= FORMAT_SHARE or zeros < 0.2:
+        return []
+    return [Finding("warning", "format failures are most of the zeros: the grader finds no answer to judge",
+                    f"reward/format_failures {level:.2f} of the zero rewards over steps {share[-w][0]}-{share[-1][0]} "
+                    f"(healthy: ≤ 0.05 on the default run), and {zeros:.0%} of the responses score 0",
+                    "the prompt asks for another format than the grader reads, an answer gate (--answer-after) the "
+                    "model never writes, a chat template that is off, responses cut before their answer",
+                    "--prompt-template, --answer-after, --chat-template; ask the grader why: "
+                    + explain_command(run), "format-failures")]
+
+
+def explain_command(run: Run) -> str:
+    """`python -m grading.explain ...` for a logged response that scored 0 with no answer extracted."""
+    task = run.cfg("data", "running_sum")
+    for line in _lines(run.folder / "samples.jsonl"):
+        try:
+            s = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if s.get("reward") == 0 and s.get("extracted") is None and len(s.get("response", "")) <= 300:
+            task_flag = f"--task {task} " if task in ("running_sum", "countdown") else ""
+            return (f"python -m grading.explain {task_flag}--gold {shlex.quote(str(s.get('gold')))} "
+                    f"--response {shlex.quote(s['response'])}")
+    return "python -m grading.explain --gold GOLD --response @response.txt (a response from samples.jsonl)"
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(errors="replace").splitlines()[-200:] if path.is_file() else []
+
+
+def truncation(run: Run) -> list[Finding]:
+    share = run.values("length/truncated")
+    if len(share) < 3:
+        return []
+    w = window(len(share))
+    level = mean(v for _, v in share[-w:])
+    if level <= TRUNCATED:
+        return []
+    budget = run.cfg("max_new_tokens", 80)
+    length = mean(v for _, v in run.values("length/mean")[-w:])
+    return [Finding("warning", "responses run out of budget: most are truncated",
+                    f"length/truncated {level:.2f} over steps {share[-w][0]}-{share[-1][0]}, length/mean {length:.1f} "
+                    f"of a budget of {budget} (healthy: ≤ 0.02 on the default run)",
+                    "too small a budget for the task's answers, or a policy that no longer stops (a blow-up, "
+                    "length hacking)",
+                    "--max-new-tokens (larger); or --overlong-penalty true, --mask-truncated true, "
+                    "--zero-truncated true to stop paying for cut responses", "truncation")]
+
+
+def length_hacking(run: Run) -> list[Finding]:
+    length = run.values("length/mean")
+    correct = run.values("reward/correct") or run.values("reward/mean")
+    if not enough(length) or not correct:
+        return []
+    start, end, head, tail = ends(length)
+    c0, c1, _, _ = ends(correct)
+    if end <= LENGTH_RISE * start or c1 - c0 > FLAT:
+        return []
+    name = "reward/correct" if run.values("reward/correct") else "reward/mean"
+    return [Finding("warning", "length hacking: responses grow while correctness does not",
+                    f"length/mean {start:.1f} over {head}, {end:.1f} over {tail} (×{end / start:.2f}; healthy: "
+                    f"within 10% on the default run), {name} {c0:.3f} → {c1:.3f}",
+                    "a reward term or penalty that pays for length, a loss normaliser that favours long wrong "
+                    "responses (per-response mean), no penalty for running on",
+                    "--reward-terms (weights), --algo dr_grpo or --loss-agg token-mean, --overlong-penalty true",
+                    "length-hacking")]
+
+
+def clip_fraction(run: Run) -> list[Finding]:
+    series = run.values("pg/clipfrac")
+    if len(series) < 3:
+        return []
+    w = window(len(series))
+    level = median(v for _, v in series[-w:])
+    if level <= CLIPFRAC:
+        return []
+    return [Finding("warning", "clip fraction out of range: most of the update is clipped",
+                    f"pg/clipfrac {level:.2f} (median) over steps {series[-w][0]}-{series[-1][0]} (healthy: 0 with "
+                    f"one optimizer step per batch, ≤ 0.05 with the recipes' K = 4)",
+                    "each optimizer step moves the policy far from the one that sampled: the learning rate too "
+                    "high for K mini-batches × μ epochs per rollout batch",
+                    "--lr, fewer --mini-batches or --epochs, --clip-low and --clip-high", "clip-fraction")]
+
+
+def grad_norm(run: Run) -> list[Finding]:
+    series = [(s, v) for s, v in run.values("grad/norm") if math.isfinite(v)]
+    if len(series) < 3:
+        return []
+    w = window(len(series))
+    level = median(v for _, v in series[-w:])
+    if level <= GRAD_NORM:
+        return []
+    return [Finding("warning", "gradient norm out of range",
+                    f"grad/norm {level:.1f} (median, before clipping) over steps {series[-w][0]}-{series[-1][0]} "
+                    f"(healthy: under 1.2 on the default run), --grad-clip {run.cfg('grad_clip', 1.0)}",
+                    "the policy left the region the learning rate suits (a collapse on its way), a loss "
+                    "normalised by too few tokens",
+                    "--lr, --grad-clip 1.0, --lr-schedule linear", "grad-norm")]
+
+
+def kl_runaway(run: Run) -> list[Finding]:
+    series = run.values("kl/k3")
+    if not enough(series):
+        return []
+    start, end, head, tail = ends(series, median)
+    if end < KL_MIN or end < KL_RISE * max(start, 1e-6):
+        return []
+    return [Finding("warning", "the KL to the reference runs away",
+                    f"kl/k3 {start:.4f} over {head}, {end:.4f} over {tail} with β = {run.cfg('beta', '?')} "
+                    f"(healthy: a run held by β stays within ×{KL_RISE:g} of its start)",
+                    "β too small to hold the policy at this learning rate, or updates too large",
+                    "--beta (larger), --lr (smaller), --lr-schedule linear", "kl-runaway")]
+
+
+def mismatch(run: Run) -> list[Finding]:
+    series = run.values("mismatch/kl")
+    if len(series) < 3:
+        return []
+    dtype = "bf16" if run.cfg("precision", "auto") == "bf16" or run.cfg("engine", "auto") == "vllm" else "fp32"
+    w = window(len(series))
+    level = median(v for _, v in series[-w:])
+    if level <= MISMATCH[dtype]:
+        return []
+    return [Finding("warning", "the sampler and the trainer disagree more than the dtype explains",
+                    f"mismatch/kl {level:.2e} per token (median) over steps {series[-w][0]}-{series[-1][0]} "
+                    f"(healthy for {dtype}: ≤ {MISMATCH[dtype]:g})",
+                    "the sampler serves other weights than the trainer holds (stale or not pushed), another "
+                    "logit transform, temperature or precision in the sampler",
+                    "--engine hf (the reference sampler) to compare, --precision fp32, --tis-cap or --mis-cap "
+                    "to correct for it", "mismatch")]
+
+
+def reward_terms(run: Run) -> list[Finding]:
+    """A --reward-terms term whose value never changes, or that fails on every response."""
+    if not run.cfg("reward_terms", ""):
+        return []
+    keys = {k[7:] for r in run.train for k in r if k.startswith("reward/")}
+    terms = sorted(k for k in keys if k not in TAKEN and not k.endswith("_failures"))
+    batch = run.cfg("prompts_per_step", 16) * run.cfg("group_size", 8)
+    found = []
+    for name in terms:
+        values = [v for _, v in run.values(f"reward/{name}")]
+        failures = [v for _, v in run.values(f"reward/{name}_failures")]
+        if len(values) < 3:
+            continue
+        if failures and min(failures) >= ALWAYS_FAILS * batch:
+            found.append(Finding("warning", f"the reward term {name} fails on every response",
+                                 f"reward/{name}_failures ≥ {min(failures):.0f} of {batch} responses at every one "
+                                 f"of {len(failures)} steps (healthy: 0)",
+                                 "the function raises, times out or returns something other than a finite number on "
+                                 "these responses: it scores 0 each time, so it adds nothing to any advantage",
+                                 f"--reward-terms (fix or drop {name}); run it on a logged response from samples.jsonl",
+                                 "reward-terms"))
+        elif max(values) - min(values) < 1e-9:
+            found.append(Finding("warning", f"the reward term {name} is constant",
+                                 f"reward/{name} = {values[0]:g} at every one of {len(values)} steps",
+                                 "a term every response scores alike (a format bonus on a model that always formats) "
+                                 "moves no advantage: it changes no group's ranking",
+                                 f"--reward-terms (drop {name} or make it discriminate)", "reward-terms"))
+    return found
+
+
+def eval_cannot_tell(run: Run) -> list[Finding]:
+    evals = [r for r in run.evals if "eval/accuracy_se" in r]
+    reward = run.values("reward/mean")
+    if len(evals) < 2 or not enough(reward):
+        return []
+    start, end, head, tail = ends(reward)
+    first, last = evals[0], evals[-1]
+    change = last["eval/accuracy"] - first["eval/accuracy"]
+    band = EVAL_Z * math.hypot(first["eval/accuracy_se"], last["eval/accuracy_se"])
+    if end - start <= FLAT or abs(change) >= band:
+        return []
+    return [Finding("note", "training reward rose, and the held-out eval cannot yet tell",
+                    f"reward/mean {start:.3f} over {head} → {end:.3f} over {tail}; eval/accuracy "
+                    f"{first['eval/accuracy']:.1%} at step {first['step']} → {last['eval/accuracy']:.1%} at step "
+                    f"{last['step']}, a change of {change:+.1%} inside its 95% interval ±{band:.1%}",
+                    "too few held-out problems for the change (the standard error falls as 1/√problems), or "
+                    "training reward that does not carry over (memorised prompts, a reward the eval does not count)",
+                    "--eval-problems (4× the problems halves the interval), --eval-samples, more --max-steps",
+                    "eval-cannot-tell")]
+
+
+# a cause before its echoes: a blow-up truncates and fails the format, a budget too small cuts answers off,
+# answers the grader cannot find leave every group at 0
+CHECKS = (non_finite, entropy, collapse, truncation, format_failures, no_signal, length_hacking, clip_fraction,
+          grad_norm, kl_runaway, mismatch, reward_terms, eval_cannot_tell)
+
+
+def findings(run: Run) -> list[Finding]:
+    """Every check's findings, most serious first (then in CHECKS' order: a cause before its echoes)."""
+    found = [f for check in CHECKS for f in check(run)]
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+
+
+# ----------------------------------------------------------------------------- what is said
+
+def summary(run: Run) -> str:
+    """The run in a few numbers: steps read, reward start → end, held-out accuracy first → last with its SE."""
+    parts = [f"{len(run.train)} steps read"]
+    if run.train and run.train[-1]["step"] < run.cfg("max_steps", 0):
+        parts[0] += f" (of {run.cfg('max_steps', 0)}: still going or stopped)"
+    reward = run.values("reward/mean")
+    if len(reward) >= 2:
+        start, end, _, _ = ends(reward)
+        parts.append(f"reward {start:.3f} → {end:.3f}")
+    if len(run.evals) >= 2:
+        first, last = run.evals[0], run.evals[-1]
+        se = f" ± {last['eval/accuracy_se']:.1%}" if "eval/accuracy_se" in last else ""
+        parts.append(f"held-out accuracy {first['eval/accuracy']:.1%} → {last['eval/accuracy']:.1%}{se}")
+    elif not run.evals:
+        parts.append("no eval logged")
+    return ", ".join(parts)
+
+
+def report(run: Run) -> str:
+    """What `python -m extras.health RUN` prints for one run: a healthy one in one line, else each finding."""
+    found = findings(run)
+    serious = [f for f in found if f.severity != "note"]
+    head = f"{run.folder}: " + (f"{len(serious)} finding(s) — {summary(run)}" if serious
+                                else f"healthy — {summary(run)}")
+    body = [f.block() for f in serious] + [f.line() for f in found if f.severity == "note"]
+    return "\n".join([head, *body, *(f"(read: {r})" for r in run.remarks)])
+
+
+def verdict(out: Path, metrics: dict, tb=None) -> str:
+    """train.py's line at an eval: the run so far (metrics.jsonl, and this eval's metrics, which are
+    logged after it) read as `python -m extras.health` reads it; the whole report as TensorBoard text
+    (tb: the Logger's SummaryWriter or None)."""
+    try:
+        run = read_run(out)
+    except RunError:  # the eval before step 1: nothing written yet
+        return f"health at step {metrics['step']}: nothing to read yet"
+    run.evals = [r for r in run.evals if r["step"] != metrics["step"]] + [metrics]
+    found = [f for f in findings(run) if f.severity != "note"]
+    at = f"health at {'the end, ' if metrics['step'] == run.cfg('max_steps', 0) else ''}step {metrics['step']}"
+    if tb is not None:
+        tb.add_text("health", report(run).replace("\n", "  \n"), metrics["step"])
+    if not found:
+        return f"{at}: healthy — {summary(run)}"
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return f"{at}: {found[0].line()}{more}; python -m extras.health {out}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m extras.health", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run folders, each with its metrics.jsonl")
+    args = parser.parse_args(argv)
+    failed = False
+    for folder in args.runs:
+        try:
+            print(report(read_run(folder)))
+        except RunError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = True
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
