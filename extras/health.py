@@ -32,7 +32,7 @@ DOCS = "docs/run-health.md"
 # Each threshold: the measured reason beside it (docs/run-health.md has the runs; "the default run" is
 # `python train.py` over seeds 0, 1, 2, 150 steps; "healthy" ranges are its steps' values over the seeds).
 NO_SIGNAL = 0.9  # share of all-equal groups over the last window: the default run peaks at 0.81 (a group of 8 at 90% accuracy is all-right 43% of the time); the 4-digit sums give 1.0
-ENTROPY_BLOWUP = 0.5  # nats per token, late: the default run stays ≤ 0.06; lr 1e-2 writes gibberish at 1.5-2.5
+ENTROPY_BLOWUP = 0.2  # nats per token, late: the default run's steps stay ≤ 0.05; lr 1e-2 writes gibberish at 0.4
 ENTROPY_COLLAPSE = 0.1  # late over early entropy: the default run ends at 0.3-0.6 of its start; collapsed runs fall below 0.05
 COLLAPSE_DROP = 0.25  # smoothed training reward's fall from its peak: the default run's largest is 0.09; lr 1e-3 constant falls 0.7
 COLLAPSE_EVAL_SE = 3.0  # an eval below the best one by this many standard errors of the difference (and 10 points)
@@ -176,22 +176,24 @@ def collapse(run: Run) -> list[Finding]:
     reward = run.values("reward/mean")
     if enough(reward, 10):
         w = window(len(reward))
-        smooth = [mean(v for _, v in reward[max(0, i - w + 1):i + 1]) for i in range(len(reward))]
-        peak = max(range(len(smooth) - w), key=smooth.__getitem__, default=None)
+        smooth = {i: mean(v for _, v in reward[i - w + 1:i + 1]) for i in range(w - 1, len(reward) - w)}
+        peak = max(smooth, key=smooth.__getitem__, default=None)  # the best window of w steps before the last
         last = mean(v for _, v in reward[-w:])
-        # a small batch's reward is noisy: the fall must also stand 4 standard errors of a window's mean apart
-        noise = 4 * math.sqrt(2 / w) * statistics.pstdev(v for _, v in reward)
+        # a small batch's reward is noisy: the fall must also be 4 standard errors of two windows' difference,
+        # a step's noise read from step-to-step changes (a trend, the collapse itself, barely moves them)
+        step_noise = statistics.pstdev(b - a for (_, a), (_, b) in zip(reward, reward[1:])) / math.sqrt(2)
+        noise = 4 * step_noise * math.sqrt(2 / w)
         if peak is not None and smooth[peak] - last > max(COLLAPSE_DROP, noise):
             found.append(Finding(
                 "alarm", "training reward collapsed after its peak",
-                f"reward/mean {smooth[peak]:.3f} around step {reward[peak][0]} (mean of {w} steps), {last:.3f} over "
-                f"steps {reward[-w][0]}-{reward[-1][0]} (healthy: the default run never falls more than 0.09 below "
-                f"its peak)",
+                f"reward/mean {smooth[peak]:.3f} over steps {reward[peak - w + 1][0]}-{reward[peak][0]} (its best), "
+                f"{last:.3f} over steps {reward[-w][0]}-{reward[-1][0]} (healthy: the default run never falls more "
+                f"than 0.09 below its best)",
                 "each update overshoots: the learning rate too high for the batch, too many optimizer steps per "
                 "rollout batch (K mini-batches × μ epochs), a constant schedule",
                 "--lr (e.g. ÷3), --lr-schedule linear, fewer --mini-batches or --epochs, --grad-clip", "collapse"))
     evals = [r for r in run.evals if "eval/accuracy_se" in r]
-    if len(evals) >= 3:
+    if len(evals) >= 2:  # the best eval before the last may be the first: then the run made the model worse
         best = max(evals[:-1], key=lambda r: r["eval/accuracy"])
         last = evals[-1]
         drop = best["eval/accuracy"] - last["eval/accuracy"]
@@ -205,7 +207,9 @@ def collapse(run: Run) -> list[Finding]:
                 "batch, LoRA's lr multiplier too large for a small model",
                 "--lr, --lr-schedule linear, --lora-lr-scale, fewer --mini-batches; keep the checkpoint of the peak "
                 "(--save-every)", "collapse"))
-    return found[:1] if len(found) == 2 else found  # one collapse is one finding: the reward's, which comes first
+    if len(found) == 2:  # one collapse is one finding: the reward's, with the eval's evidence
+        found[0].evidence += f"; {found.pop().evidence}"
+    return found
 
 
 def entropy(run: Run) -> list[Finding]:
@@ -213,7 +217,7 @@ def entropy(run: Run) -> list[Finding]:
     if not enough(series):
         return []
     start, end, head, tail = ends(series, median)
-    if end > ENTROPY_BLOWUP and end > 3 * start:
+    if end > ENTROPY_BLOWUP and end > 2 * start:
         extra = []
         for key, label in (("length/truncated", "truncated"), ("reward/format_failures", "format failures")):
             s = run.values(key)
@@ -247,8 +251,10 @@ def no_signal(run: Run) -> list[Finding]:
         return []
     kind = ("all right: the problems are too easy" if level > 0.5 else "all wrong: the problems are too hard, or "
             "the grader never finds an answer")
-    # truncation or format failures that zero the rewards are the cause, said first; this is their echo
-    explained = truncation(run) or format_failures(run)
+    # truncation, format failures or a collapse that zero the rewards are the cause, said first; this is their echo
+    explained = truncation(run) or format_failures(run) or collapse(run)
+    if explained:
+        kind = f"{'all right' if level > 0.5 else 'all wrong'}, an echo of: {explained[0].symptom}"
     return [Finding("warning" if explained else "alarm", "no learning signal: nearly every group scores alike",
                     f"reward/zero_std_groups {share:.2f} over steps {zero[-w][0]}-{zero[-1][0]}, reward/mean "
                     f"{level:.3f} (healthy: ≤ 0.81 on the default run); the groups are {kind}",
@@ -461,10 +467,11 @@ def findings(run: Run) -> list[Finding]:
 
 # ----------------------------------------------------------------------------- what is said
 
-def summary(run: Run) -> str:
-    """The run in a few numbers: steps read, reward start → end, held-out accuracy first → last with its SE."""
+def summary(run: Run, live: bool = False) -> str:
+    """The run in a few numbers: steps read, reward start → end, held-out accuracy first → last with its SE.
+    live: said by the run itself, which is still going by definition."""
     parts = [f"{len(run.train)} steps read"]
-    if run.train and run.train[-1]["step"] < run.cfg("max_steps", 0):
+    if run.train and run.train[-1]["step"] < run.cfg("max_steps", 0) and not live:
         parts[0] += f" (of {run.cfg('max_steps', 0)}: still going or stopped)"
     reward = run.values("reward/mean")
     if len(reward) >= 2:
@@ -490,20 +497,21 @@ def report(run: Run) -> str:
 
 
 def verdict(out: Path, metrics: dict, tb=None) -> str:
-    """train.py's line at an eval: the run so far (metrics.jsonl, and this eval's metrics, which are
-    logged after it) read as `python -m extras.health` reads it; the whole report as TensorBoard text
-    (tb: the Logger's SummaryWriter or None)."""
+    """train.py's line at an eval: the run so far (metrics.jsonl, and metrics: this step's row, its
+    training metrics and this eval's, logged after the eval) read as `python -m extras.health` reads it;
+    the whole report as TensorBoard text (tb: the Logger's SummaryWriter or None)."""
     try:
         run = read_run(out)
     except RunError:  # the eval before step 1: nothing written yet
         return f"health at step {metrics['step']}: nothing to read yet"
+    run.train = [r for r in run.train if r["step"] != metrics["step"]] + [metrics] * ("reward/mean" in metrics)
     run.evals = [r for r in run.evals if r["step"] != metrics["step"]] + [metrics]
     found = [f for f in findings(run) if f.severity != "note"]
     at = f"health at {'the end, ' if metrics['step'] == run.cfg('max_steps', 0) else ''}step {metrics['step']}"
     if tb is not None:
         tb.add_text("health", report(run).replace("\n", "  \n"), metrics["step"])
     if not found:
-        return f"{at}: healthy — {summary(run)}"
+        return f"{at}: healthy — {summary(run, live=True)}"
     more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
     return f"{at}: {found[0].line()}{more}; python -m extras.health {out}"
 
