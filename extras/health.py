@@ -37,7 +37,7 @@ ENTROPY_COLLAPSE = 0.1  # late over early entropy: the default run ends at 0.3-0
 COLLAPSE_DROP = 0.25  # smoothed training reward's fall from its peak: the default run's largest is 0.09; lr 1e-3 constant falls 0.7
 COLLAPSE_EVAL_SE = 3.0  # an eval below the best one by this many standard errors of the difference (and 10 points)
 TRUNCATED = 0.2  # share of responses without EOS: the default run ≤ 0.02; --max-new-tokens 24 truncates all
-LENGTH_RISE = 1.3  # late over early mean length with correctness flat: the default run's length moves ≤ 10%
+LENGTH_RISE = 1.2  # late over early mean length, correctness flat: the default run moves ≤ 3%; a verbose term, +28% in 27 steps
 FLAT = 0.05  # a correctness change smaller than this counts as flat (the default run gains ~0.15)
 CLIPFRAC = 0.2  # share of tokens clipped: K = 1 clips none; the K = 4 recipes stay under 0.05; μ = 4 at lr 2e-3 clips 0.3+
 GRAD_NORM = 5.0  # median pre-clip gradient norm, late: the default run stays under 1.2; PACS's collapse logged 20-37
@@ -143,16 +143,26 @@ def median(xs) -> float:
     return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else math.nan
 
 
-def ends(series: list[tuple[int, float]], stat=mean) -> tuple[float, float, str, str]:
-    """(start value, end value, their step spans) over the first and last window of a series."""
+def ends(run: Run, key: str, stat=mean) -> tuple[float, float, str, str] | None:
+    """(start value, end value, their step spans) of a metric over the run's first and last window; None
+    under 6 steps, where the two would overlap, or for a metric never logged (an older version)."""
+    series = run.values(key)
+    if len(series) < 6:
+        return None
     w = window(len(series))
     head, tail = series[:w], series[-w:]
     return (stat(v for _, v in head), stat(v for _, v in tail), f"steps {head[0][0]}-{head[-1][0]}",
             f"steps {tail[0][0]}-{tail[-1][0]}")
 
 
-def enough(series: list, rows: int = 6) -> bool:
-    return len(series) >= rows  # under 6 steps a start and an end window would overlap
+def last_window(run: Run, key: str, stat=mean) -> tuple[float, str]:
+    """(stat of a metric's finite values over the run's last window, "steps a-b"); (nan, "") under 3 steps
+    or never logged (an older version), which no threshold exceeds."""
+    series = [(s, v) for s, v in run.values(key) if math.isfinite(v)]
+    if len(series) < 3:
+        return math.nan, ""
+    w = window(len(series))
+    return stat(v for _, v in series[-w:]), f"steps {series[-w][0]}-{series[-1][0]}"
 
 
 # ----------------------------------------------------------------------------- the checks, most serious first
@@ -174,7 +184,7 @@ def non_finite(run: Run) -> list[Finding]:
 def collapse(run: Run) -> list[Finding]:
     found = []
     reward = run.values("reward/mean")
-    if enough(reward, 10):
+    if len(reward) >= 10:
         w = window(len(reward))
         smooth = {i: mean(v for _, v in reward[i - w + 1:i + 1]) for i in range(w - 1, len(reward) - w)}
         peak = max(smooth, key=smooth.__getitem__, default=None)  # the best window of w steps before the last
@@ -213,16 +223,16 @@ def collapse(run: Run) -> list[Finding]:
 
 
 def entropy(run: Run) -> list[Finding]:
-    series = run.values("entropy/mean")
-    if not enough(series):
+    got = ends(run, "entropy/mean", median)
+    if got is None:
         return []
-    start, end, head, tail = ends(series, median)
+    start, end, head, tail = got
     if end > ENTROPY_BLOWUP and end > 2 * start:
         extra = []
         for key, label in (("length/truncated", "truncated"), ("reward/format_failures", "format failures")):
-            s = run.values(key)
-            if s:
-                extra.append(f"{label} {ends(s)[0]:.2f} → {ends(s)[1]:.2f}")
+            got = ends(run, key)
+            if got:
+                extra.append(f"{label} {got[0]:.2f} → {got[1]:.2f}")
         return [Finding("alarm", "entropy blew up: the policy writes gibberish",
                         f"entropy/mean {start:.3f} over {head}, {end:.3f} nats per token over {tail} (healthy: "
                         f"0.01-0.06 on the default run){'; ' + ', '.join(extra) if extra else ''}",
@@ -241,14 +251,10 @@ def entropy(run: Run) -> list[Finding]:
 
 
 def no_signal(run: Run) -> list[Finding]:
-    zero = run.values("reward/zero_std_groups")
-    reward = run.values("reward/mean")
-    if len(zero) < 3:
+    share, span = last_window(run, "reward/zero_std_groups")
+    if not share > NO_SIGNAL:
         return []
-    w = window(len(zero))
-    share, level = mean(v for _, v in zero[-w:]), mean(v for _, v in reward[-w:])
-    if share <= NO_SIGNAL:
-        return []
+    level = last_window(run, "reward/mean")[0]
     kind = ("all right: the problems are too easy" if level > 0.5 else "all wrong: the problems are too hard, or "
             "the grader never finds an answer")
     # truncation, format failures or a collapse that zero the rewards are the cause, said first; this is their echo
@@ -256,7 +262,7 @@ def no_signal(run: Run) -> list[Finding]:
     if explained:
         kind = f"{'all right' if level > 0.5 else 'all wrong'}, an echo of: {explained[0].symptom}"
     return [Finding("warning" if explained else "alarm", "no learning signal: nearly every group scores alike",
-                    f"reward/zero_std_groups {share:.2f} over steps {zero[-w][0]}-{zero[-1][0]}, reward/mean "
+                    f"reward/zero_std_groups {share:.2f} over {span}, reward/mean "
                     f"{level:.3f} (healthy: ≤ 0.81 on the default run); the groups are {kind}",
                     "a group whose G rewards are equal has advantage 0 everywhere, so the step learns nothing from "
                     "it: problems outside the model's reach, too small a group, a grader that cannot read the answers",
@@ -265,15 +271,11 @@ def no_signal(run: Run) -> list[Finding]:
 
 
 def format_failures(run: Run) -> list[Finding]:
-    share, reward = run.values("reward/format_failures"), run.values("reward/mean")
-    if len(share) < 3:
-        return []
-    w = window(len(share))
-    level, zeros = mean(v for _, v in share[-w:]), 1 - mean(v for _, v in reward[-w:])
-    if level <= FORMAT_SHARE or zeros < 0.2:
+    (level, span), zeros = last_window(run, "reward/format_failures"), 1 - last_window(run, "reward/mean")[0]
+    if not (level > FORMAT_SHARE and zeros >= 0.2):
         return []
     return [Finding("warning", "format failures are most of the zeros: the grader finds no answer to judge",
-                    f"reward/format_failures {level:.2f} of the zero rewards over steps {share[-w][0]}-{share[-1][0]} "
+                    f"reward/format_failures {level:.2f} of the zero rewards over {span} "
                     f"(healthy: ≤ 0.05 on the default run), and {zeros:.0%} of the responses score 0",
                     "the prompt asks for another format than the grader reads, an answer gate (--answer-after) the "
                     "model never writes, a chat template that is off, responses cut before their answer",
@@ -301,17 +303,12 @@ def _lines(path: Path) -> list[str]:
 
 
 def truncation(run: Run) -> list[Finding]:
-    share = run.values("length/truncated")
-    if len(share) < 3:
+    level, span = last_window(run, "length/truncated")
+    if not level > TRUNCATED:
         return []
-    w = window(len(share))
-    level = mean(v for _, v in share[-w:])
-    if level <= TRUNCATED:
-        return []
-    budget = run.cfg("max_new_tokens", 80)
-    length = mean(v for _, v in run.values("length/mean")[-w:])
+    budget, length = run.cfg("max_new_tokens", 80), last_window(run, "length/mean")[0]
     return [Finding("warning", "responses run out of budget: most are truncated",
-                    f"length/truncated {level:.2f} over steps {share[-w][0]}-{share[-1][0]}, length/mean {length:.1f} "
+                    f"length/truncated {level:.2f} over {span}, length/mean {length:.1f} "
                     f"of a budget of {budget} (healthy: ≤ 0.02 on the default run)",
                     "too small a budget for the task's answers, or a policy that no longer stops (a blow-up, "
                     "length hacking)",
@@ -320,16 +317,15 @@ def truncation(run: Run) -> list[Finding]:
 
 
 def length_hacking(run: Run) -> list[Finding]:
-    length = run.values("length/mean")
-    correct = run.values("reward/correct") or run.values("reward/mean")
-    if not enough(length) or not correct:
+    name = "reward/correct" if run.values("reward/correct") else "reward/mean"  # with --reward-terms: correctness
+    length, correct = ends(run, "length/mean"), ends(run, name)
+    if length is None or correct is None:
         return []
-    start, end, head, tail = ends(length)
-    c0, c1, _, _ = ends(correct)
+    (start, end, head, tail), (c0, c1, _, _) = length, correct
     if end <= LENGTH_RISE * start or c1 - c0 > FLAT:
         return []
-    name = "reward/correct" if run.values("reward/correct") else "reward/mean"
-    return [Finding("warning", "length hacking: responses grow while correctness does not",
+    # correctness falling as the length grows is the reward's collapse, and this its cause
+    return [Finding("alarm" if c0 - c1 > COLLAPSE_DROP else "warning", "length hacking: responses grow while correctness does not",
                     f"length/mean {start:.1f} over {head}, {end:.1f} over {tail} (×{end / start:.2f}; healthy: "
                     f"within 10% on the default run), {name} {c0:.3f} → {c1:.3f}",
                     "a reward term or penalty that pays for length, a loss normaliser that favours long wrong "
@@ -338,45 +334,37 @@ def length_hacking(run: Run) -> list[Finding]:
                     "length-hacking")]
 
 
-def clip_fraction(run: Run) -> list[Finding]:
-    series = run.values("pg/clipfrac")
-    if len(series) < 3:
-        return []
-    w = window(len(series))
-    level = median(v for _, v in series[-w:])
-    if level <= CLIPFRAC:
-        return []
-    return [Finding("warning", "clip fraction out of range: most of the update is clipped",
-                    f"pg/clipfrac {level:.2f} (median) over steps {series[-w][0]}-{series[-1][0]} (healthy: 0 with "
-                    f"one optimizer step per batch, ≤ 0.05 with the recipes' K = 4)",
-                    "each optimizer step moves the policy far from the one that sampled: the learning rate too "
-                    "high for K mini-batches × μ epochs per rollout batch",
-                    "--lr, fewer --mini-batches or --epochs, --clip-low and --clip-high", "clip-fraction")]
+# metrics whose median over the last window has a ceiling: (metric, ceiling, symptom, healthy range, causes,
+# knobs, section)
+CEILINGS = (
+    ("pg/clipfrac", CLIPFRAC, "clip fraction out of range: the clip binds on much of the update",
+     "0 with one optimizer step per batch; CLIPFRAC_HEALTHY",
+     "each optimizer step moves the policy far from the one that sampled: the learning rate too high for K "
+     "mini-batches × μ epochs per rollout batch, or a clip range too narrow",
+     "--lr, fewer --mini-batches or --epochs, --clip-low and --clip-high (0.2 each by default)", "clip-fraction"),
+    ("grad/norm", GRAD_NORM, "gradient norm out of range",
+     "GRAD_HEALTHY; the norm before clipping at --grad-clip",
+     "rewards on a scale the advantage does not normalise (--adv-norm none with large rewards), the policy leaving "
+     "the region the learning rate suits (a collapse on its way)",
+     "--reward-terms or --reward on a 0-1 scale, --adv-norm, --lr, --grad-clip 1.0", "grad-norm"),
+)
 
 
-def grad_norm(run: Run) -> list[Finding]:
-    series = [(s, v) for s, v in run.values("grad/norm") if math.isfinite(v)]
-    if len(series) < 3:
-        return []
-    w = window(len(series))
-    level = median(v for _, v in series[-w:])
-    if level <= GRAD_NORM:
-        return []
-    return [Finding("warning", "gradient norm out of range",
-                    f"grad/norm {level:.1f} (median, before clipping) over steps {series[-w][0]}-{series[-1][0]} "
-                    f"(healthy: under 1.2 on the default run), --grad-clip {run.cfg('grad_clip', 1.0)}",
-                    "the policy left the region the learning rate suits (a collapse on its way), a loss "
-                    "normalised by too few tokens",
-                    "--lr, --grad-clip 1.0, --lr-schedule linear", "grad-norm")]
+def ceilings(run: Run) -> list[Finding]:
+    found = []
+    for key, ceiling, symptom, healthy, causes, knobs, section in CEILINGS:
+        level, span = last_window(run, key, median)
+        if level > ceiling:
+            found.append(Finding("warning", symptom, f"{key} {level:.3g} (median) over {span} (healthy: {healthy})",
+                                 causes, knobs, section))
+    return found
 
 
 def kl_runaway(run: Run) -> list[Finding]:
-    series = run.values("kl/k3")
-    if not enough(series):
+    got = ends(run, "kl/k3", median)  # logged with β > 0 alone
+    if not got or got[1] < max(KL_MIN, KL_RISE * got[0]):
         return []
-    start, end, head, tail = ends(series, median)
-    if end < KL_MIN or end < KL_RISE * max(start, 1e-6):
-        return []
+    start, end, head, tail = got
     return [Finding("warning", "the KL to the reference runs away",
                     f"kl/k3 {start:.4f} over {head}, {end:.4f} over {tail} with β = {run.cfg('beta', '?')} "
                     f"(healthy: a run held by β stays within ×{KL_RISE:g} of its start)",
@@ -385,16 +373,12 @@ def kl_runaway(run: Run) -> list[Finding]:
 
 
 def mismatch(run: Run) -> list[Finding]:
-    series = run.values("mismatch/kl")
-    if len(series) < 3:
-        return []
     dtype = "bf16" if run.cfg("precision", "auto") == "bf16" or run.cfg("engine", "auto") == "vllm" else "fp32"
-    w = window(len(series))
-    level = median(v for _, v in series[-w:])
-    if level <= MISMATCH[dtype]:
+    level, span = last_window(run, "mismatch/kl", median)
+    if not level > MISMATCH[dtype]:
         return []
     return [Finding("warning", "the sampler and the trainer disagree more than the dtype explains",
-                    f"mismatch/kl {level:.2e} per token (median) over steps {series[-w][0]}-{series[-1][0]} "
+                    f"mismatch/kl {level:.2e} per token (median) over {span} "
                     f"(healthy for {dtype}: ≤ {MISMATCH[dtype]:g})",
                     "the sampler serves other weights than the trainer holds (stale or not pushed), another "
                     "logit transform, temperature or precision in the sampler",
@@ -433,11 +417,10 @@ def reward_terms(run: Run) -> list[Finding]:
 
 
 def eval_cannot_tell(run: Run) -> list[Finding]:
-    evals = [r for r in run.evals if "eval/accuracy_se" in r]
-    reward = run.values("reward/mean")
-    if len(evals) < 2 or not enough(reward):
+    evals, reward = [r for r in run.evals if "eval/accuracy_se" in r], ends(run, "reward/mean")
+    if len(evals) < 2 or reward is None:
         return []
-    start, end, head, tail = ends(reward)
+    start, end, head, tail = reward
     first, last = evals[0], evals[-1]
     change = last["eval/accuracy"] - first["eval/accuracy"]
     band = EVAL_Z * math.hypot(first["eval/accuracy_se"], last["eval/accuracy_se"])
@@ -453,10 +436,10 @@ def eval_cannot_tell(run: Run) -> list[Finding]:
                     "eval-cannot-tell")]
 
 
-# a cause before its echoes: a blow-up truncates and fails the format, a budget too small cuts answers off,
-# answers the grader cannot find leave every group at 0
-CHECKS = (non_finite, entropy, collapse, truncation, format_failures, no_signal, length_hacking, clip_fraction,
-          grad_norm, kl_runaway, mismatch, reward_terms, eval_cannot_tell)
+# a cause before its echoes: a blow-up truncates and fails the format, length hacking costs correctness, a
+# budget too small cuts answers off, answers the grader cannot find leave every group at 0
+CHECKS = (non_finite, entropy, length_hacking, collapse, truncation, format_failures, no_signal, ceilings,
+          kl_runaway, mismatch, reward_terms, eval_cannot_tell)
 
 
 def findings(run: Run) -> list[Finding]:
@@ -473,10 +456,9 @@ def summary(run: Run, live: bool = False) -> str:
     parts = [f"{len(run.train)} steps read"]
     if run.train and run.train[-1]["step"] < run.cfg("max_steps", 0) and not live:
         parts[0] += f" (of {run.cfg('max_steps', 0)}: still going or stopped)"
-    reward = run.values("reward/mean")
-    if len(reward) >= 2:
-        start, end, _, _ = ends(reward)
-        parts.append(f"reward {start:.3f} → {end:.3f}")
+    reward = ends(run, "reward/mean")
+    if reward:
+        parts.append(f"reward {reward[0]:.3f} → {reward[1]:.3f}")
     if len(run.evals) >= 2:
         first, last = run.evals[0], run.evals[-1]
         se = f" ± {last['eval/accuracy_se']:.1%}" if "eval/accuracy_se" in last else ""

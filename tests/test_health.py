@@ -79,8 +79,9 @@ def test_the_eval_that_cannot_tell_is_worked_out_from_its_standard_errors():
 
 def test_windows_and_ends_by_hand():
     assert health.window(150) == 30 and health.window(12) == 3
-    series = [(s, float(s)) for s in range(1, 11)]  # window 3: 1, 2, 3 and 8, 9, 10
-    assert health.ends(series) == (2.0, 9.0, "steps 1-3", "steps 8-10")
+    run = health.Run(Path("r"), [{"step": s, "reward/mean": float(s)} for s in range(1, 11)], [], {}, [])
+    assert health.ends(run, "reward/mean") == (2.0, 9.0, "steps 1-3", "steps 8-10")  # window 3: 1, 2, 3 and 8, 9, 10
+    assert health.ends(run, "entropy/mean") is None  # not logged
     assert health.median([3, 1, 2, 10]) == 2.5
 
 
@@ -115,7 +116,7 @@ def test_a_last_line_cut_by_a_kill_is_skipped_and_said(tmp_path, capsys):
     (run / "metrics.jsonl").write_text(text[:-len(text.splitlines()[-1]) // 2 - 1])  # half the last row
     code, out, _ = run_main(capsys, run)
     assert code == 0 and out.startswith(f"{run}: healthy — 149 steps read (of 150: still going or stopped)")
-    assert "(read: metrics.jsonl line 158 is cut short (a run killed mid-write): read the rest)" in out
+    assert "(read: metrics.jsonl line 151 is cut short (a run killed mid-write): read the rest)" in out
 
 
 def test_a_run_with_no_eval_and_an_older_one_missing_keys(tmp_path, capsys):
