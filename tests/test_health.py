@@ -29,7 +29,7 @@ FAILURES = {
     "mismatch": "mismatch",
 }
 HEALTHY = {"default_s0": 113, "default_s1": 24}  # the default run's seeds, as far as each ran here: steps read
-RECIPES = ("recipe_clip_cov", "recipe_gspo")  # 10 steps each at 4 prompts a step
+RECIPES = ("recipe_clip_cov", "recipe_dapo", "recipe_gspo")  # 10 steps each at 4 prompts a step
 
 
 @pytest.mark.parametrize("name", sorted(FAILURES))
