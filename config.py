@@ -134,6 +134,7 @@ class RunConfig:
     save_every: int = 0  # steps between checkpoints (one is always written at the end); 0 = end only
     keep_checkpoints: int = 0  # keep only the newest this-many checkpoints; 0 = keep all
     log_samples: int = 2  # completions written to samples.jsonl per step
+    health: bool = True  # at each eval, a line on the run's curves so far and the report as TensorBoard text (extras/health.py; python -m extras.health RUN reads any run)
     report_to: str = "tensorboard"  # trackers that get every metric besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio (pip install each of the last two; checkpoint.tracker_run); none = metrics.jsonl alone
     # --- system
     parallel: str = "auto"  # ddp | fsdp (FSDP2: weights, grads, AdamW sharded over ranks) | auto: fsdp on CUDA, else ddp

@@ -595,13 +595,16 @@ def train(cfg: Config, setup: Setup) -> None:
         stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
 
-    def run_eval(step, keys=None):  # keys: the metrics its line shows, each with its ± (None: all)
+    def run_eval(step, keys=None, row=()):  # keys: the metrics its line shows, with ± (None: all); row: the step's
         from eval import evaluate, shown, write_problems  # a run with --eval-every 0 never loads the eval script
         with sampler.serving(learner.scorer, learner.autocast):
             metrics, records = evaluate(lm, tokenizer, task, heldout, **eval_settings(cfg, setup.eval_shape, sampler))
         if rank == 0:  # per problem, for eval.py --compare and extras/seeds.py
             write_problems(out / "evals" / f"step-{step}.jsonl", records)
         log(f"step {step} " + shown(metrics, keys or metrics))
+        if cfg.health and rank == 0 and step:  # the curves so far, read for the user (the step never calls it)
+            from extras.health import verdict
+            log(verdict(out, {"step": step, **dict(row), **metrics}, logger.tb))
         return metrics
 
     sampler = sampler_class(cfg).start(cfg, lm, world, learner.optimizer)  # who samples, built once
@@ -629,7 +632,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
                         "lr": scheduler.get_last_lr()[0]})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
-            metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)]))
+            metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)], metrics))
         logger.log(step, metrics, generated[:cfg.log_samples])
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:

@@ -7,6 +7,7 @@ fork may delete any of them, or the whole folder, and a run that does not ask fo
     plot.py       runs' metrics as a PNG or SVG: python -m extras.plot RUN [RUN ...] --out fig.svg
     seeds.py      one config over several seeds, mean and SE over them: python -m extras.seeds --seeds 0,1,2 --out DIR
     pass_filter.py  a data file's rows by the model's pass rate: python -m extras.pass_filter DATA RATES --keep 0.1,0.9
+    health.py     a run's curves read: symptom, evidence, causes, knobs: python -m extras.health RUN [RUN ...]
 
-The default run imports none of these.
+The default run imports none of these but health.py, which its evals call (--health false: none).
 """

@@ -51,12 +51,15 @@ print(json.dumps(seen))"""
     return json.loads(done.stdout.strip().splitlines()[-1]), tmp
 
 
+HEALTH = ["extras", "extras.health"]  # the eval's verdict on the run so far (--health, on by default), loaded by the eval
+
+
 @pytest.mark.slow
 def test_the_default_run_imports_no_optional_module(loaded):
-    """A default step, its eval and its checkpoint load nothing from grading/, environments/ or extras/,
-    nor engine.py: HF generate samples (--engine auto)."""
+    """A default step and its checkpoint load nothing from grading/, environments/ or extras/, nor
+    engine.py: HF generate samples (--engine auto); its eval loads extras/health.py alone."""
     phases, tmp = loaded
-    assert phases["train"] == []
+    assert phases["train"] == HEALTH
     assert (tmp / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
 
 
@@ -64,7 +67,7 @@ def test_the_default_run_imports_no_optional_module(loaded):
 def test_a_plain_eval_imports_no_optional_module(loaded):
     """eval.py on the built-in held-out split, sampled and graded, loads nothing from the folders either."""
     phases, tmp = loaded
-    assert phases["train"] == phases["eval"] == []
+    assert phases["train"] == phases["eval"] == HEALTH
     assert (tmp / "eval" / "summary.json").is_file()
 
 
@@ -73,9 +76,9 @@ def test_a_flag_imports_its_folder(loaded):
     """The checks above can fail: --env calculator does import environments/ (and only what it needs),
     and --engine fast engine.py."""
     phases, _ = loaded
-    assert phases["train"] == phases["eval"] == []
-    assert phases["flag"] == ["environments", "environments.rollout", "environments.tools"]
-    assert phases["fast"] == ["engine", "environments", "environments.rollout", "environments.tools"]
+    assert phases["train"] == phases["eval"] == HEALTH
+    assert phases["flag"] == ["environments", "environments.rollout", "environments.tools", *HEALTH]
+    assert phases["fast"] == ["engine", "environments", "environments.rollout", "environments.tools", *HEALTH]
 
 
 def test_the_root_holds_the_core_only():
