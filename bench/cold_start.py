@@ -5,7 +5,7 @@ SFT then GRPO, on-policy distillation — over seeds, each with its tokens and w
     python bench/cold_start.py --steps 30 --sft-steps 10 --seeds 0,1,2 --out runs/cold-start
 
 1. The cold student: the shipped model (assets/tiny-running-sum) after `--algo sft` on 512 running sums solved
-   without the answer tag ("12+7=19 19+35=54"), --sft-steps-cold steps at lr 2e-3, seed 0: it writes the partial sums and
+   without the answer tag ("12+7=19 19+35=54"), --sft-steps-cold steps at a constant lr 3e-3, seed 0: it writes the partial sums and
    no <answer>, so nearly every reward is 0 and a group of 8 has nothing to compare.
 2. The teacher's traces: `python -m extras.traces assets/tiny-running-sum ... --correct` on the first --traces
    training problems (another slice of the split than the cold data's): its correct responses, N of them.
@@ -92,9 +92,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/cold-start")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of every arm")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps of every arm")
+    parser.add_argument("--arms", default="grpo,sft,opd,sft_grpo", help="the arms to run (a finished one is kept)")
     parser.add_argument("--sft-steps", type=int, default=10, help="of those, sft_grpo's SFT steps")
-    parser.add_argument("--sft-steps-cold", type=int, default=80, help="SFT steps that make the cold student")
+    parser.add_argument("--sft-steps-cold", type=int, default=100, help="SFT steps that make the cold student")
     parser.add_argument("--traces", type=int, default=256, help="training problems the teacher answers")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-problems", type=int, default=100)
@@ -103,8 +104,8 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "untagged.jsonl").is_file():
         untagged(out / "untagged.jsonl")
-    cold_flags = ["--algo", "sft", "--model", TEACHER, "--sft-data", str(out / "untagged.jsonl"), "--lr", "2e-3",
-                  "--max-steps", str(args.sft_steps_cold), "--eval-every", "0", "--report-to", "none"]
+    cold_flags = ["--algo", "sft", "--model", TEACHER, "--sft-data", str(out / "untagged.jsonl"), "--lr", "3e-3",
+                  "--lr-schedule", "constant", "--max-steps", str(args.sft_steps_cold), "--eval-every", "0", "--report-to", "none"]
     [cold_run] = run_seeds([0], out / "cold", cold_flags, nproc=1, quiet=True)
     cold = str(cold_run / "checkpoints" / f"step-{args.sft_steps_cold}")
     traces = out / "teacher.jsonl"
@@ -115,8 +116,11 @@ def main(argv=None) -> None:
               "--eval-samples", "2", "--eval-k", "1,2", "--report-to", "none"]
     sft = ["--algo", "sft", "--sft-data", str(traces)]
     arms = {"grpo": ["--algo", "grpo"], "sft": sft, "opd": ["--algo", "opd", "--teacher", TEACHER]}
+    chosen = args.arms.split(",")
     folders = {name: run_seeds(seeds, out / name, [*flags, *common, "--max-steps", str(args.steps)], nproc=1,
-                               quiet=True) for name, flags in arms.items()}
+                               quiet=True) for name, flags in arms.items() if name in chosen}
+    if "sft_grpo" not in chosen:
+        return
     first = run_seeds(seeds, out / "sft_first", [*sft, *common, "--max-steps", str(args.sft_steps)], nproc=1,
                       quiet=True)
     then = [run_seeds([s], out / "grpo_after", ["--algo", "grpo", *common, "--max-steps",
@@ -125,8 +129,8 @@ def main(argv=None) -> None:
                       quiet=True)[0] for s, f in zip(seeds, first)]
     folders["sft_grpo"] = [staged(a, b, out / "sft_grpo" / a.name, args.sft_steps) for a, b in zip(first, then)]
     print(f"the teacher's traces: {sum(1 for _ in traces.open())} correct responses of {args.traces} ({traces})")
-    for name, runs in folders.items():
-        report(name, runs)
+    for name in ("grpo", "sft", "sft_grpo", "opd"):
+        report(name, folders.get(name) or [out / name / f"seed-{s}" for s in seeds])
 
 
 if __name__ == "__main__":

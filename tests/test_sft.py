@@ -189,6 +189,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_weights(tmp_path, data_file,
         wait_until(proc, lambda: (run / "checkpoints" / "step-2" / "model.safetensors").is_file(), "step-2's checkpoint")
     finally:
         kill_9(proc)
+    assert len(metrics(run)) < 4  # killed before its end
     train.main(["--resume", str(run)])
     for name in ("model.safetensors",):
         a, b = (load_file(str(r / "checkpoints" / "step-4" / name)) for r in (tmp_path / "reference", run))
