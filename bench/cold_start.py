@@ -1,18 +1,20 @@
 """A cold start: a student the reward cannot teach, and four ways to warm it — GRPO, SFT on teacher traces,
 SFT then GRPO, on-policy distillation — over seeds, each with its tokens and wall time.
 
-    python bench/cold_start.py                      # the whole study, ~1 h on 2 shared cores (under load)
-    python bench/cold_start.py --steps 30 --sft-steps 10 --seeds 0,1,2 --out runs/cold-start
+    python bench/cold_start.py                      # the whole study: ~1 h on 2 cores shared with ~20 other jobs
+    python bench/cold_start.py --arms grpo & python bench/cold_start.py --arms opd & python bench/cold_start.py
+                                                    # the arms in three processes (each kept once finished)
+    python bench/cold_start.py --steps 30 --sft-steps 10 --prompts 16 --group 8 --eval-every 10 --eval-problems 200
 
 1. The cold student: the shipped model (assets/tiny-running-sum) after `--algo sft` on 512 running sums solved
    without the answer tag ("12+7=19 19+35=54"), --sft-steps-cold steps at a constant lr 3e-3, seed 0: it writes the partial sums and
    no <answer>, so nearly every reward is 0 and a group of 8 has nothing to compare.
 2. The teacher's traces: `python -m extras.traces assets/tiny-running-sum ... --correct` on the first --traces
    training problems (another slice of the split than the cold data's): its correct responses, N of them.
-3. The arms, from the cold student, --steps optimizer steps of 16 prompts each, 1 rank, eval of --eval-problems
-   held-out problems × 2 samples every --eval-every steps: grpo (16 × 8 sampled); sft (16 traces a step); sft_grpo
-   (--sft-steps of sft, then grpo from its checkpoint for the rest, its steps counted on); opd (--teacher the
-   shipped model, 16 × 8 sampled). Each seed's run is extras.seeds.run_seeds' (a finished one is kept).
+3. The arms, from the cold student, --steps optimizer steps of --prompts prompts each (default 12 steps of 8), 1
+   rank, eval of --eval-problems held-out problems × 2 samples every --eval-every steps: grpo (8 × --group 4
+   sampled); sft (8 traces a step); sft_grpo (--sft-steps of sft, then grpo from its checkpoint for the rest, its
+   steps counted on); opd (--teacher the shipped model, 8 × 4 sampled). Each seed's run is extras.seeds.run_seeds' (a finished one is kept).
 Prints, per arm and eval step, held-out accuracy (mean ± SE over seeds), the tokens trained on (tokens/forward:
 prompt and response tokens through the update's forwards), tokens sampled and the training's wall time (time/step
 summed, evals left out) until then, means over seeds.
@@ -29,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from extras.seeds import mean_and_se, over_seeds, read_rows, run_seeds  # noqa: E402
+from opd_vs_grpo import so_far  # noqa: E402  (bench/, this script's folder, is on the path)
 
 TEACHER = str(ROOT / "assets" / "tiny-running-sum")
 
@@ -67,14 +70,6 @@ def staged(first: Path, second: Path, out: Path, offset: int) -> Path:
     return out
 
 
-def so_far(rows: dict[int, dict], key: str) -> dict[int, float]:
-    total, out = 0.0, {}
-    for step in sorted(rows):
-        total += rows[step].get(key, 0.0)
-        out[step] = total
-    return out
-
-
 def report(name: str, folders: list[Path]) -> None:
     runs = [read_rows(f) for f in folders]
     costs = {key: [so_far(r, key) for r in runs] for key in ("tokens/forward", "tokens/generated", "time/step")}
@@ -92,13 +87,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/cold-start")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps of every arm")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps of every arm")
     parser.add_argument("--arms", default="grpo,sft,opd,sft_grpo", help="the arms to run (a finished one is kept)")
-    parser.add_argument("--sft-steps", type=int, default=10, help="of those, sft_grpo's SFT steps")
+    parser.add_argument("--sft-steps", type=int, default=6, help="of those, sft_grpo's SFT steps")
     parser.add_argument("--sft-steps-cold", type=int, default=100, help="SFT steps that make the cold student")
     parser.add_argument("--traces", type=int, default=256, help="training problems the teacher answers")
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts (SFT: traces) a step")
+    parser.add_argument("--group", type=int, default=4, help="grpo and opd: samples per prompt")
+    parser.add_argument("--eval-problems", type=int, default=50)
     args = parser.parse_args(argv)
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
     out.mkdir(parents=True, exist_ok=True)
@@ -113,9 +110,10 @@ def main(argv=None) -> None:
         subprocess.run([sys.executable, "-m", "extras.traces", TEACHER, str(traces), "--correct", "--problems",
                         str(args.traces)], cwd=ROOT, check=True)
     common = ["--model", cold, "--eval-every", str(args.eval_every), "--eval-problems", str(args.eval_problems),
-              "--eval-samples", "2", "--eval-k", "1,2", "--report-to", "none"]
+              "--eval-samples", "2", "--eval-k", "1,2", "--report-to", "none", "--prompts-per-step", str(args.prompts)]
+    rl = ["--group-size", str(args.group)]
     sft = ["--algo", "sft", "--sft-data", str(traces)]
-    arms = {"grpo": ["--algo", "grpo"], "sft": sft, "opd": ["--algo", "opd", "--teacher", TEACHER]}
+    arms = {"grpo": ["--algo", "grpo", *rl], "sft": sft, "opd": ["--algo", "opd", "--teacher", TEACHER, *rl]}
     chosen = args.arms.split(",")
     folders = {name: run_seeds(seeds, out / name, [*flags, *common, "--max-steps", str(args.steps)], nproc=1,
                                quiet=True) for name, flags in arms.items() if name in chosen}
@@ -123,7 +121,7 @@ def main(argv=None) -> None:
         return
     first = run_seeds(seeds, out / "sft_first", [*sft, *common, "--max-steps", str(args.sft_steps)], nproc=1,
                       quiet=True)
-    then = [run_seeds([s], out / "grpo_after", ["--algo", "grpo", *common, "--max-steps",
+    then = [run_seeds([s], out / "grpo_after", ["--algo", "grpo", *rl, *common, "--max-steps",
                                                 str(args.steps - args.sft_steps), "--model",
                                                 str(f / "checkpoints" / f"step-{args.sft_steps}")], nproc=1,
                       quiet=True)[0] for s, f in zip(seeds, first)]
