@@ -88,8 +88,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="runs/cold-start")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps of every arm")
-    parser.add_argument("--arms", default="grpo,sft,opd,sft_grpo", help="the arms to run (a finished one is kept)")
-    parser.add_argument("--sft-steps", type=int, default=6, help="of those, sft_grpo's SFT steps")
+    parser.add_argument("--arms", default="grpo,sft,sft_lr3e-3,opd,sft_grpo", help="the arms to run (a finished one is kept)")
+    parser.add_argument("--sft-grpo-steps", type=int, default=6, help="sft_grpo's optimizer steps in all")
+    parser.add_argument("--sft-steps", type=int, default=3, help="of those, its SFT steps (then GRPO's)")
+    parser.add_argument("--sft-lr", type=float, default=3e-3, help="the learning rate of sft_grpo's SFT steps")
     parser.add_argument("--sft-steps-cold", type=int, default=100, help="SFT steps that make the cold student")
     parser.add_argument("--traces", type=int, default=256, help="training problems the teacher answers")
     parser.add_argument("--eval-every", type=int, default=6)
@@ -113,21 +115,22 @@ def main(argv=None) -> None:
               "--eval-samples", "2", "--eval-k", "1,2", "--report-to", "none", "--prompts-per-step", str(args.prompts)]
     rl = ["--group-size", str(args.group)]
     sft = ["--algo", "sft", "--sft-data", str(traces)]
-    arms = {"grpo": ["--algo", "grpo", *rl], "sft": sft, "opd": ["--algo", "opd", "--teacher", TEACHER, *rl]}
+    arms = {"grpo": ["--algo", "grpo", *rl], "sft": sft, "sft_lr3e-3": [*sft, "--lr", "3e-3"],
+            "opd": ["--algo", "opd", "--teacher", TEACHER, *rl]}
     chosen = args.arms.split(",")
     folders = {name: run_seeds(seeds, out / name, [*flags, *common, "--max-steps", str(args.steps)], nproc=1,
                                quiet=True) for name, flags in arms.items() if name in chosen}
     if "sft_grpo" not in chosen:
         return
-    first = run_seeds(seeds, out / "sft_first", [*sft, *common, "--max-steps", str(args.sft_steps)], nproc=1,
-                      quiet=True)
-    then = [run_seeds([s], out / "grpo_after", ["--algo", "grpo", *rl, *common, "--max-steps",
-                                                str(args.steps - args.sft_steps), "--model",
-                                                str(f / "checkpoints" / f"step-{args.sft_steps}")], nproc=1,
-                      quiet=True)[0] for s, f in zip(seeds, first)]
+    first = run_seeds(seeds, out / "sft_first", [*sft, *common, "--max-steps", str(args.sft_steps), "--lr",
+                                                 str(args.sft_lr), "--eval-every", "0"], nproc=1, quiet=True)
+    rest = str(args.sft_grpo_steps - args.sft_steps)
+    then = [run_seeds([s], out / "grpo_after", ["--algo", "grpo", *rl, *common, "--max-steps", rest, "--eval-every",
+                                                rest, "--model", str(f / "checkpoints" / f"step-{args.sft_steps}")],
+                      nproc=1, quiet=True)[0] for s, f in zip(seeds, first)]
     folders["sft_grpo"] = [staged(a, b, out / "sft_grpo" / a.name, args.sft_steps) for a, b in zip(first, then)]
     print(f"the teacher's traces: {sum(1 for _ in traces.open())} correct responses of {args.traces} ({traces})")
-    for name in ("grpo", "sft", "sft_grpo", "opd"):
+    for name in ("grpo", "sft", "sft_lr3e-3", "sft_grpo", "opd"):
         report(name, folders.get(name) or [out / name / f"seed-{s}" for s in seeds])
 
 
