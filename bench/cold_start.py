@@ -2,19 +2,20 @@
 SFT then GRPO, on-policy distillation — over seeds, each with its tokens and wall time.
 
     python bench/cold_start.py                      # the whole study: ~1 h on 2 cores shared with ~20 other jobs
-    python bench/cold_start.py --arms grpo & python bench/cold_start.py --arms opd & python bench/cold_start.py
-                                                    # the arms in three processes (each kept once finished)
-    python bench/cold_start.py --steps 30 --sft-steps 10 --prompts 16 --group 8 --eval-every 10 --eval-problems 200
+    python bench/cold_start.py --arms grpo --seeds 1 &     # an arm's seed in a process of its own; then the
+    python bench/cold_start.py                             # whole command again prints the tables
 
 1. The cold student: the shipped model (assets/tiny-running-sum) after `--algo sft` on 512 running sums solved
-   without the answer tag ("12+7=19 19+35=54"), --sft-steps-cold steps at a constant lr 3e-3, seed 0: it writes the partial sums and
-   no <answer>, so nearly every reward is 0 and a group of 8 has nothing to compare.
+   without the answer tag ("12+7=19 19+35=54"), --sft-steps-cold steps at a constant lr 3e-3, seed 0: it writes
+   the partial sums and no <answer>, so every reward is 0 and a group has nothing to compare.
 2. The teacher's traces: `python -m extras.traces assets/tiny-running-sum ... --correct` on the first --traces
    training problems (another slice of the split than the cold data's): its correct responses, N of them.
-3. The arms, from the cold student, --steps optimizer steps of --prompts prompts each (default 12 steps of 8), 1
-   rank, eval of --eval-problems held-out problems × 2 samples every --eval-every steps: grpo (8 × --group 4
-   sampled); sft (8 traces a step); sft_grpo (--sft-steps of sft, then grpo from its checkpoint for the rest, its
-   steps counted on); opd (--teacher the shipped model, 8 × 4 sampled). Each seed's run is extras.seeds.run_seeds' (a finished one is kept).
+3. The arms, from the cold student, 1 rank, eval of --eval-problems held-out problems × 2 samples every
+   --eval-every steps: grpo (--steps optimizer steps of --prompts 8 prompts × --group 4 samples, lr 3e-4, the
+   default's); opd (the same, --teacher the shipped model); sft (8 traces a step, lr 3e-4); sft_lr3e-3 (the same at
+   lr 3e-3, the lr that made the cold student); sft_grpo (--sft-grpo-steps 6 in all: --sft-steps 3 of SFT at
+   --sft-lr 3e-3, then GRPO from that checkpoint, its steps counted on). Each seed's run is
+   extras.seeds.run_seeds' (a finished one is kept), so arms and seeds can run in processes of their own.
 Prints, per arm and eval step, held-out accuracy (mean ± SE over seeds), the tokens trained on (tokens/forward:
 prompt and response tokens through the update's forwards), tokens sampled and the training's wall time (time/step
 summed, evals left out) until then, means over seeds.
@@ -88,7 +89,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="runs/cold-start")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps of every arm")
-    parser.add_argument("--arms", default="grpo,sft,sft_lr3e-3,opd,sft_grpo", help="the arms to run (a finished one is kept)")
+    parser.add_argument("--arms", default="grpo,sft,sft_lr3e-3,opd,sft_grpo", help="the arms to run (finished: kept)")
     parser.add_argument("--sft-grpo-steps", type=int, default=6, help="sft_grpo's optimizer steps in all")
     parser.add_argument("--sft-steps", type=int, default=3, help="of those, its SFT steps (then GRPO's)")
     parser.add_argument("--sft-lr", type=float, default=3e-3, help="the learning rate of sft_grpo's SFT steps")
@@ -104,7 +105,8 @@ def main(argv=None) -> None:
     if not (out / "untagged.jsonl").is_file():
         untagged(out / "untagged.jsonl")
     cold_flags = ["--algo", "sft", "--model", TEACHER, "--sft-data", str(out / "untagged.jsonl"), "--lr", "3e-3",
-                  "--lr-schedule", "constant", "--max-steps", str(args.sft_steps_cold), "--eval-every", "0", "--report-to", "none"]
+                  "--lr-schedule", "constant", "--max-steps", str(args.sft_steps_cold), "--eval-every", "0",
+                  "--report-to", "none"]
     [cold_run] = run_seeds([0], out / "cold", cold_flags, nproc=1, quiet=True)
     cold = str(cold_run / "checkpoints" / f"step-{args.sft_steps_cold}")
     traces = out / "teacher.jsonl"
