@@ -1,4 +1,4 @@
-"""docs/math.md §11: supervised fine-tuning (--algo sft) on demonstrations, through train.update.
+"""docs/math.md §12: supervised fine-tuning (--algo sft) on demonstrations, through train.update.
 
 The worked example is test_opd.py's TableLM (logits at position j are row j of a parameter table; SGD lr 1 moves
 the table by minus the loss's gradient), its expectation computed here in plain Python. Then the demonstrations
@@ -43,7 +43,7 @@ def expected() -> dict:
 
 
 def test_expected_numbers_are_spec_11s():
-    """The plain-Python expectation is docs/math.md §11's printed numbers (7 digits)."""
+    """The plain-Python expectation is docs/math.md §12's printed numbers (7 digits)."""
     want = expected()
     assert want["loss"] == pytest.approx(1.2031962, abs=1e-7)
     assert want["grad"] == [pytest.approx([0.1101606, 0.1631523, -0.2733130], abs=1e-7),
