@@ -237,8 +237,11 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
         if checkpoint is not None and (checkpoint / "train_config.yaml").is_file():  # else train.preflight says so
+            saved = saved_config(checkpoint)
+            if "algo" not in given and saved.get("algo", RunConfig.algo) != RunConfig.algo:  # its algorithm's knobs too
+                return parse_config([*argv, "--algo", saved["algo"]])
             known = {f.name for f in fields(config)} - {"out", "resume"}  # where the run is now, not was
-            base = {k: v for k, v in saved_config(checkpoint).items() if k in known}
+            base = {k: v for k, v in saved.items() if k in known}
     return config(**{**base, **given})
 
 

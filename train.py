@@ -617,8 +617,8 @@ def train(cfg: Config, setup: Setup) -> None:
         torch.manual_seed(mixed_seed(cfg.seed, step, rank))  # every random draw of a step
         random.seed(mixed_seed(cfg.seed, step, rank))
         t0 = time.perf_counter()
-        with sampler.serving(learner.scorer, learner.autocast):
-            episodes, generated, data_pos, metrics = collect_rollouts(
+        with sampler.serving(learner.scorer, learner.autocast):  # --algo sft: its demonstrations (algos/sft.py)
+            episodes, generated, data_pos, metrics = getattr(learner.algo, "source", collect_rollouts)(
                 lm, tokenizer, task, stream, data_pos, cfg, rank, world, setup.shape, sampler)
         setup.shape.check(generated)  # an environment failing every trace stops the run here
         metrics.update(peak_memory(device, "rollout"), **sampler.metrics())
@@ -634,7 +634,7 @@ def train(cfg: Config, setup: Setup) -> None:
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)], metrics))
         logger.log(step, metrics, generated[:cfg.log_samples])
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
+        bar.set_postfix(reward=f"{metrics.get('reward/mean', math.nan):.3f}", len=f"{metrics['length/mean']:.1f}")
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
             trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
                              "stream": stream.state()}

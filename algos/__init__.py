@@ -35,6 +35,7 @@ MODULES = {  # file -> the --algo names its ALGORITHMS define
     "dppo": ("dppo_tv", "dppo_kl"),  # the 2026 losses of docs/math.md §11
     "gmpo": ("gmpo",),
     "opsm": ("opsm",),
+    "sft": ("sft",),  # supervised fine-tuning on demonstrations, docs/math.md §12
 }
 # the frozen model a distillation loss reads in the reference's place (algos/opd.py): train.models loads it,
 # so like beta it is a field of every run, refused (config.knob_checks) where the algorithm does not read it

@@ -144,15 +144,18 @@ def test_prompt_templates(tmp_path):
     validate(parse_config(["--prompt-template", "nsr", "--chat-template", "false"]), 1)
 
 
-def test_every_registered_algorithm_runs_bare():
+def test_every_registered_algorithm_runs_bare(tmp_path):
     """`train.py --algo X` with no other flag passes validation for every name (Delethink's h = 100
     used to exceed the tiny model's m = 40: h is now min(100, m) unless given); OPD with its teacher, which
-    has no default (here the student itself)."""
+    has no default (here the student itself), SFT with its demonstrations (a file of one)."""
     import algos
     from config import DEFAULT_MODEL, parse_config, validate
     from environments.markovian import chunking
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text('{"prompt": "Add 1+2", "response": "1+2=3 <answer>3</answer>"}\n')
+    needs = {"opd": ["--teacher", DEFAULT_MODEL], "sft": ["--sft-data", str(demos)]}
     for name in algos.ALGORITHMS:
-        cfg = parse_config(["--algo", name, *(["--teacher", DEFAULT_MODEL] if name == "opd" else [])])
+        cfg = parse_config(["--algo", name, *needs.get(name, [])])
         validate(cfg, 2)
     assert chunking(parse_config(["--algo", "delethink"])).head == 40
     assert chunking(parse_config(["--algo", "delethink", "--max-new-tokens", "8192", "--carryover", "4096"])).head == 100
