@@ -303,7 +303,7 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
     keep = torch.tensor([in_loss(e, cfg) for e in episodes], device=device)
     mask = batch.response_mask * keep[:, None]
     is_weight = None
-    if batch.sampler_logp is not None:  # π_old is the rollout's weights in the trainer
+    if batch.sampler_logp is not None and (cfg.tis_cap or cfg.mis_cap):  # π_old: the rollout's weights in the trainer
         is_weight = sampler_correction(old["logp"], batch.sampler_logp, mask, tis_cap=cfg.tis_cap, mis_cap=cfg.mis_cap)
     return LossInputs(
         logp=out["logp"], old_logp=old["logp"], mask=mask,
