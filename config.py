@@ -230,10 +230,11 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
         config = with_knobs()
         given = _given(argv, config)
     import algos
-    from checkpoint import resolve_resume, saved_config
 
     base = algos.get(given.get("algo", RunConfig.algo)).preset
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
+        from checkpoint import resolve_resume, saved_config
+
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
         if checkpoint is not None and (checkpoint / "train_config.yaml").is_file():  # else train.preflight says so
             known = {f.name for f in fields(config)} - {"out", "resume"}  # where the run is now, not was
@@ -243,11 +244,11 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 def _given(argv: list, config: type, known: bool = False) -> dict:
     """The fields that argv and its --config file give config (the command line over the file). known:
-    only config's, the rest of argv left unread (which --algo and --config). RunConfig's and Config's
-    parsers say --help; a run's leaves it to Config's, which knows every knob."""
-    described = config is RunConfig or config is Config
+    only config's, the rest of argv left unread (which --algo and --config), with no help lines. RunConfig's
+    and Config's parsers say --help; a run's leaves it to Config's, which knows every knob."""
+    described = not known and (config is RunConfig or config is Config)
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS,
-                    add_help=described and not known)
+                    add_help=described)
     for f in fields(config):
         kind = _kind(config, f.name)
         flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true

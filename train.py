@@ -36,7 +36,6 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -474,11 +473,15 @@ def preflight(cfg: Config) -> Setup:
     require_trackers(cfg)  # each tracker --report-to names is installed, or its pip command before any load
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-    require_lora(cfg, hf_config)  # with --lora-rank: peft installed, --lora-targets names the model's layers
+    if cfg.lora_rank:  # peft installed, --lora-targets naming the model's layers (extras/lora.py)
+        from extras.lora import check_targets
+
+        require_peft("--lora-rank")
+        check_targets(hf_config, cfg.lora_targets)
     sampler_class(cfg).check(cfg, hf_config)  # --engine's sampler able to run here (vllm: installed)
     shape, eval_shape = rollout_shapes(cfg, tokenizer)
     check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, shape.tools)
-    out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+    out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return Setup(task=task, train_problems=train_problems, heldout=heldout, shape=shape, eval_shape=eval_shape,
                  tokenizer=tokenizer, hf_config=hf_config, out=out, start=start)
 
@@ -562,15 +565,6 @@ def learner_for(cfg: Config, start: Path | None, tokenizer, train_problems, rank
                    pad_id=tokenizer.pad_token_id, rank=rank, world=world, device=device), adapters
 
 
-def require_lora(cfg: Config, hf_config) -> None:
-    """--lora-rank: peft installed and --lora-targets naming layers of the model (extras/lora.py), else an error."""
-    if cfg.lora_rank:
-        from extras.lora import check_targets
-
-        require_peft("--lora-rank")
-        check_targets(hf_config, cfg.lora_targets)
-
-
 def mixed_seed(seed: int, a: int, b: int) -> int:
     """One seed from the run's seed and two counters, (step, rank) or (group, epoch): a resumed run
     replays the same draws without saving RNG states."""
@@ -584,15 +578,13 @@ def train(cfg: Config, setup: Setup) -> None:
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
     learner, adapters = learner_for(cfg, start, tokenizer, setup.train_problems, rank, world, device)
     lm, scheduler, log = learner.lm, learner.scheduler, partial(say, rank)
-    state = resume(start, lm, learner.optimizer, scheduler, cfg, world, log)
+    stream = task.stream(setup.train_problems, cfg.seed)
+    state = resume(start, lm, learner.optimizer, scheduler, stream, cfg, world, log)
     step, data_pos = state["step"], state["data_pos"]
     logged = step if start is not None else -1  # the last step whose rows the logs keep
     if rank == 0:
         open_run(out, cfg, logged, log)
     log(config_note(cfg, out / "config.yaml"))
-    stream = task.stream(setup.train_problems, cfg.seed)
-    if start is not None:
-        stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval(step, keys=None):  # keys: the metrics its line shows, each with its ± (None: all)
@@ -620,24 +612,20 @@ def train(cfg: Config, setup: Setup) -> None:
         setup.shape.check(generated)  # an environment failing every trace stops the run here
         metrics.update(peak_memory(device, "rollout"), **sampler.metrics())
         t1 = time.perf_counter()
-        if episodes:
-            metrics.update(update(learner, episodes))
-        else:  # dynamic sampling kept nothing: every rank skips the update alike
-            metrics["update/skipped"] = 1.0
-        metrics.update(peak_memory(device, "update"))
+        # dynamic sampling that kept nothing: every rank skips the update alike
+        metrics.update(update(learner, episodes) if episodes else {"update/skipped": 1.0})
         t2 = time.perf_counter()
-        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0]})
+        metrics.update({**peak_memory(device, "update"), "time/rollout": t1 - t0, "time/update": t2 - t1,
+                        "time/step": t2 - t0, "lr": scheduler.get_last_lr()[0]})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)]))
         logger.log(step, metrics, generated[:cfg.log_samples])
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['length/mean']:.1f}")
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
-            trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
-                             "stream": stream.state()}
             save_run(out, step, cfg=cfg, lm=lm, optimizer=learner.optimizer, adapters=adapters,
-                     trainer_state=trainer_state, hf_config=setup.hf_config, tokenizer=tokenizer, rank=rank,
-                     device=device)
+                     hf_config=setup.hf_config, tokenizer=tokenizer, rank=rank, device=device,
+                     trainer_state={"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(),
+                                    "world": world, "stream": stream.state()})
     logger.close()
 
 
