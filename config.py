@@ -663,6 +663,17 @@ def learning_rate(cfg: RunConfig) -> float:
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
 
 
+def lr_factor(s: int, cfg: RunConfig) -> float:
+    """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
+    lr_schedule linear a straight line from 1 to 0 just past the run's last optimizer step (the
+    form of TRL's default, transformers' get_linear_schedule_with_warmup)."""
+    warm = min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
+    if cfg.lr_schedule == "constant":
+        return warm
+    last = cfg.max_steps * cfg.mini_batches * cfg.epochs  # optimizer steps in the whole run
+    return min(warm, max(0.0, (last - s) / max(last - cfg.warmup_steps, 1)))
+
+
 def eval_settings(cfg: RunConfig, shape, sampler) -> dict:
     """evaluate()'s keyword arguments from the eval fields, the eval's rollout shape (rollout_shapes) and the
     run's sampler (rollout.Generate or another of SAMPLERS): train.py's periodic eval and a stand-alone

@@ -51,7 +51,7 @@ from algos import LossInputs
 from algos.credit import row_advantage, set_turn_advantages
 from algos.select import batch_wide, token_flags
 from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
-from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
+from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, lr_factor, parse_config,
                     require_trackers, response_tokens, rollout_shapes, sampler_class, trackers, validate)
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
@@ -429,17 +429,6 @@ def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
 
 
 # ============================================================================ logging
-
-def lr_factor(s: int, cfg: Config) -> float:
-    """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
-    lr_schedule linear a straight line from 1 to 0 just past the run's last optimizer step (the
-    form of TRL's default, transformers' get_linear_schedule_with_warmup)."""
-    warm = min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
-    if cfg.lr_schedule == "constant":
-        return warm
-    last = cfg.max_steps * cfg.mini_batches * cfg.epochs  # optimizer steps in the whole run
-    return min(warm, max(0.0, (last - s) / max(last - cfg.warmup_steps, 1)))
-
 
 def say(rank: int, *msg) -> None:
     if rank == 0:
