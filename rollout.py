@@ -80,6 +80,11 @@ class Episode:
         without chunks is one row, its prompt and whole response."""
         return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
+    def row_advantage(self, row: Chunk) -> float:
+        """What `row` trains with: its own advantage under a turn credit rule (algos/credit.py), else the
+        trace's (every single-turn response, every outcome-credited trace)."""
+        return next((a for c, a in zip(self.chunks, self.turn_advantages) if c is row), self.advantage)
+
 
 def warn_ignored_kwargs(tokenizer, chat_kwargs: dict) -> list[str]:
     """Warns of each keyword argument the chat template renders alike with and without (a template that

@@ -47,9 +47,7 @@ from transformers.utils import logging as hf_logging
 
 import algos
 import data
-from algos import LossInputs
-from algos.credit import row_advantage, set_turn_advantages
-from algos.select import batch_wide, token_flags
+from algos.base import LossInputs, batch_wide
 from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, lr_factor, parse_config,
                     require_trackers, response_tokens, rollout_shapes, sampler_class, trackers, validate)
@@ -190,6 +188,7 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     if algo.advantages is None:
         return
     if cfg.turn_credit != "outcome":
+        from algos.credit import set_turn_advantages
         return set_turn_advantages(episodes, algo.norm(cfg), cfg)
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
     # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens; GDPO each reward term
@@ -256,6 +255,7 @@ def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, ol
         with torch.no_grad(), learner.autocast():
             current = [learner.scorer(*collate_rows(learner, rows or stand_in(mb_episodes))[1],
                                       cfg.temperature) for rows in micro]
+    from algos.select import token_flags
     return token_flags(learner.algo, cfg, mb_episodes, micro, current, olds, seed=seed,
                        in_loss=[in_loss(e, cfg) for e in mb_episodes],
                        gather=partial(gather_objects, world=learner.world))
@@ -306,7 +306,7 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
         is_weight = sampler_correction(old["logp"], batch.sampler_logp, mask, tis_cap=cfg.tis_cap, mis_cap=cfg.mis_cap)
     return LossInputs(
         logp=out["logp"], old_logp=old["logp"], mask=mask,
-        adv=torch.tensor([row_advantage(e, c) for e, c in rows], device=device),
+        adv=torch.tensor([e.row_advantage(c) for e, c in rows], device=device),
         labels=torch.tensor([float(e.score > 0) for e in episodes], device=device),
         group=torch.tensor([e.group for e in episodes], device=device),
         # a row's whole response, which for a chunk is its trace (docs/math.md §5)
