@@ -302,15 +302,16 @@ def resume(start: Path | None, lm, optimizer, scheduler, stream, cfg, world: int
 
 
 def open_run(run: Path, cfg, logged: int, say) -> None:
-    """Global rank 0 readies the run folder: what a killed save left is removed, checkpoints after
-    the one resumed from are set aside, log rows after step `logged` dropped (they are replayed),
-    and config.yaml written (train.py then says what it sets apart from the defaults: config.config_note)."""
-    removed = clean_partials(run)
-    if removed:
-        say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
-    for name in set_aside_later(run, logged):
-        say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
+    """Global rank 0 readies the run folder: on a resume, what a killed save left is removed, checkpoints
+    after the one resumed from are set aside and log rows after step `logged` dropped (they are replayed);
+    then config.yaml is written (train.py then says what it sets apart from the defaults: config.config_note).
+    A new run's folder holds no checkpoint and no log (run_folder refuses one that does)."""
     if cfg.resume:
+        removed = clean_partials(run)
+        if removed:
+            say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
+        for name in set_aside_later(run, logged):
+            say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
         truncate_logs(run, logged)
     (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 

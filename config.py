@@ -29,7 +29,7 @@ import yaml
 
 from bounds import out_of_bounds
 from rewards import DataError
-from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
+from tasks import TASKS, domain_name, has_own_splits, prompt_template
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; wandb and trackio are extras/trackers.py's
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
@@ -377,7 +377,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
     "engine": dict(choices=SAMPLERS), "vllm_memory": dict(at_least=0),
     "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
-    "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
+    "lr_schedule": dict(choices=("constant", "linear")),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
@@ -470,9 +470,13 @@ def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
 
 
 def field_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
-    """Each of the run's own fields within its BOUNDS. --grade-workers 0 -> "grade_workers=0: must
-    be ≥ 1 (grading worker processes per rank, ...)"."""
-    return [(False, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})") for name, bounds in BOUNDS.items()
+    """Each of the run's own fields within its BOUNDS, and --code-template one of grading/code.py's recipes.
+    --grade-workers 0 -> "grade_workers=0: must be ≥ 1 (grading worker processes per rank, ...)"."""
+    ranges = BOUNDS
+    if cfg.code_template:  # the recipes are read only by a run that names one
+        from grading.code import CODE_TEMPLATES
+        ranges = {**BOUNDS, "code_template": dict(choices=("", *CODE_TEMPLATES))}
+    return [(False, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})") for name, bounds in ranges.items()
             if (problem := out_of_bounds(getattr(cfg, name), **bounds))]  # the broken ones: a message each
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
 from rewards import DataError, Problem
-from tasks import CODE_TEMPLATES, TASKS, Task, domain_name, has_own_splits, load_task, plugin_spec, with_template
+from tasks import TASKS, Task, domain_name, has_own_splits, load_task, plugin_spec, with_template
 
 
 def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
@@ -45,6 +45,8 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
         raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
                         f"with tests), so nothing reads it; leave it at its default")
     if cfg.prompt_template and len(code_files) == len(srcs):
+        from grading.code import CODE_TEMPLATES
+
         raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
                         f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
     if not (mixed or cfg.reward_terms):

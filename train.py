@@ -70,7 +70,7 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
     sampler: who samples (config.SAMPLERS)."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, sampler=sampler)
-    kept, generated, rounds, dropped = [], [], 0, 0
+    kept, generated, rounds = [], [], 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
         first_group = data_pos + rank * b_local  # group ids unique over the run
@@ -85,22 +85,18 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
         data_pos += cfg.prompts_per_step
         generated += episodes
         groups = [episodes[i:i + cfg.group_size] for i in range(0, len(episodes), cfg.group_size)]
-        if cfg.dynamic_sampling:
-            informative = [g for g in groups if len({e.reward for e in g}) > 1]
-            dropped += len(groups) - len(informative)
-            groups = informative
-        kept += groups
+        # DAPO's dynamic sampling keeps the groups whose rewards differ
+        kept += [g for g in groups if not cfg.dynamic_sampling or len({e.reward for e in g}) > 1]
         if not cfg.dynamic_sampling or len(kept) >= cfg.prompts_per_step or rounds >= cfg.max_sampling_rounds:
             break
         rounds += 1
-    kept = kept[:cfg.prompts_per_step]
     stats = {**rollout_stats(generated, cfg.group_size), **task.stats(generated, cfg.group_size)}
     if cfg.max_chunks > 1:
         stats["length/chunks"] = float(np.mean([len(e.chunks) for e in generated]))
-    if cfg.dynamic_sampling:
-        stats.update({"dynamic/extra_rounds": rounds, "dynamic/dropped_groups": dropped,
-                      "dynamic/kept_groups": len(kept)})
-    return [e for g in kept for e in g], generated, data_pos, stats
+    if cfg.dynamic_sampling:  # the groups generated and not kept had rewards all equal
+        stats.update({"dynamic/extra_rounds": rounds, "dynamic/kept_groups": min(len(kept), cfg.prompts_per_step),
+                      "dynamic/dropped_groups": len(generated) // cfg.group_size - len(kept)})
+    return [e for g in kept[:cfg.prompts_per_step] for e in g], generated, data_pos, stats
 
 
 def shaped_score(e: Episode, cfg: Config) -> float:
@@ -263,13 +259,10 @@ def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, ol
 
 def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old: dict | None, ref_logp,
                flags: dict, totals: dict, sync: bool, mismatch: list | None) -> tuple[dict, dict]:
-    """Forward, loss and backward of one micro-batch of this rank; (its metrics, its π_old outputs).
-
-    An empty micro-batch runs its mini-batch's stand_in with weight 0 (its backward adds exact
-    zeros), so that every rank joins the gradient all-reduce; its metrics are zeros. old None: this
-    forward is π_old (the first mini-batch, before any step). mismatch: where to collect the
-    sampler/trainer gap, or None.
-    """
+    """Forward, loss and backward of one micro-batch of this rank; (its metrics, its π_old outputs). An empty
+    micro-batch runs its mini-batch's stand_in with weight 0 (its backward adds exact zeros), so that every rank
+    joins the gradient all-reduce; its metrics are zeros. old None: this forward is π_old (the first mini-batch,
+    before any step). mismatch: where to collect the sampler/trainer gap, or None."""
     cfg, algo = learner.cfg, learner.algo
     dummy = not rows
     rows = rows or stand_in(mb_episodes)
@@ -464,7 +457,6 @@ def preflight(cfg: Config) -> Setup:
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     if cfg.lora_rank:  # peft installed, --lora-targets naming the model's layers (extras/lora.py)
         from extras.lora import check_targets
-
         require_peft("--lora-rank")
         check_targets(hf_config, cfg.lora_targets)
     sampler_class(cfg).check(cfg, hf_config)  # --engine's sampler able to run here (vllm: installed)
