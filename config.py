@@ -250,7 +250,7 @@ def _given(argv: list, config: type, known: bool = False) -> dict:
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS,
                     add_help=described)
     for f in fields(config):
-        kind = _kind(config, f.name)
+        kind = type(default(f))
         flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
                             help=_help(f.name) if described else None, metavar=kind.__name__.upper(), **flag)

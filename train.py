@@ -73,10 +73,10 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
     kept, generated, rounds = [], [], 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
-        first_group = data_pos + rank * b_local  # group ids unique over the run
         prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, shape.tools, cfg.chat_template_kwargs)
+        # group ids unique over the run: a group's is its prompt's position in the stream
         episodes = generate(lm, tokenizer, problems, prompt_ids, group_size=cfg.group_size, sampling=sampling,
-                            shape=shape, first_group=first_group, batch_size=cfg.rollout_batch_size)
+                            shape=shape, first_group=data_pos + rank * b_local, batch_size=cfg.rollout_batch_size)
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
         for e, verdict in zip(episodes, verdicts):
             e.settle(verdict)
