@@ -309,16 +309,17 @@ def truncate_logs(run: Path, last_step: int) -> None:
 
 # ----------------------------------------------------------------------------- a training run's
 
-def resume(start: Path | None, lm, optimizer, scheduler, cfg, world: int, say) -> dict:
+def resume(start: Path | None, lm, optimizer, scheduler, stream, cfg, world: int, say) -> dict:
     """Load checkpoint `start` into the run (every rank): the exact fp32 weights and AdamW state
-    (DCP shards), the lr schedule; say what this launch changes. Returns the trainer state: step,
-    data_pos (prompts handed out so far), stream (tasks.PromptStream.state); a fresh run's for None."""
+    (DCP shards), the lr schedule, the prompt stream's state (tasks.PromptStream.load); say what this
+    launch changes. Returns the trainer state: step, data_pos (prompts handed out so far); a fresh run's for None."""
     if start is None:
         return {"step": 0, "data_pos": 0}
     state = load_trainer_state(start)
     state.setdefault("stream", state.pop("mix", {}))  # a checkpoint before 2026-11-26 kept a mixed stream as "mix"
     load_train_state(start / "train_state", lm, optimizer)
     scheduler.load_state_dict(state["scheduler"])
+    stream.load(state["stream"])
     say(f"resumed at step {state['step']} (prompt {state['data_pos']}) from {start}")
     for k, was in saved_config(start).items():
         if k not in ("resume", "out") and hasattr(cfg, k) and was != getattr(cfg, k):
@@ -330,15 +331,16 @@ def resume(start: Path | None, lm, optimizer, scheduler, cfg, world: int, say) -
 
 
 def open_run(run: Path, cfg, logged: int, say) -> None:
-    """Global rank 0 readies the run folder: what a killed save left is removed, checkpoints after
-    the one resumed from are set aside, log rows after step `logged` dropped (they are replayed),
-    and config.yaml written (train.py then says what it sets apart from the defaults: config.config_note)."""
-    removed = clean_partials(run)
-    if removed:
-        say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
-    for name in set_aside_later(run, logged):
-        say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
+    """Global rank 0 readies the run folder: on a resume, what a killed save left is removed, checkpoints
+    after the one resumed from are set aside and log rows after step `logged` dropped (they are replayed);
+    then config.yaml is written (train.py then says what it sets apart from the defaults: config.config_note).
+    A new run's folder holds no checkpoint and no log (run_folder refuses one that does)."""
     if cfg.resume:
+        removed = clean_partials(run)
+        if removed:
+            say(f"removed unfinished checkpoint folder(s) {', '.join(removed)} (a run killed while saving)")
+        for name in set_aside_later(run, logged):
+            say(f"moved {name}, written after the checkpoint this run resumes from, to checkpoints/discarded/")
         truncate_logs(run, logged)
     (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
@@ -411,7 +413,7 @@ def save(run: Path, step: int, rank: int, device, *, rank0_files, sharded, keep:
         if final.exists():
             _remove(final)
         os.rename(folder, final)
-        _fsync_dir(root)
+        _fsync(root)
         for old in complete_checkpoints(run)[:-keep] if keep else []:
             _remove(old)
 
@@ -455,15 +457,12 @@ def _remove(path: Path) -> None:
 def _fsync_tree(folder: Path) -> None:
     for dirpath, _, files in os.walk(folder):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
+            _fsync(Path(dirpath, name))
+        _fsync(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """A file's bytes, or a folder's entries (what a rename into it changed), on the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -29,7 +29,7 @@ import yaml
 
 from bounds import out_of_bounds
 from rewards import DataError
-from tasks import CODE_TEMPLATES, TASKS, domain_name, has_own_splits, prompt_template
+from tasks import TASKS, domain_name, has_own_splits, prompt_template
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # Config.report_to; checkpoint.Logger starts each
 DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-running-sum")
@@ -231,10 +231,11 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
         config = with_knobs()
         given = _given(argv, config)
     import algos
-    from checkpoint import resolve_resume, saved_config
 
     base = algos.get(given.get("algo", RunConfig.algo)).preset
     if given.get("resume"):  # the run's own config, as its checkpoint saved it, replaces defaults and preset
+        from checkpoint import resolve_resume, saved_config
+
         _, checkpoint = resolve_resume(given["resume"], given.get("out", ""))
         if checkpoint is not None and (checkpoint / "train_config.yaml").is_file():  # else train.preflight says so
             saved = saved_config(checkpoint)
@@ -247,13 +248,13 @@ def parse_config(argv=None, knobs: bool = True) -> RunConfig:
 
 def _given(argv: list, config: type, known: bool = False) -> dict:
     """The fields that argv and its --config file give config (the command line over the file). known:
-    only config's, the rest of argv left unread (which --algo and --config). RunConfig's and Config's
-    parsers say --help; a run's leaves it to Config's, which knows every knob."""
-    described = config is RunConfig or config is Config
+    only config's, the rest of argv left unread (which --algo and --config), with no help lines. RunConfig's
+    and Config's parsers say --help; a run's leaves it to Config's, which knows every knob."""
+    described = not known and (config is RunConfig or config is Config)
     parser = Parser(description="RL with verifiable rewards (see README.md)", argument_default=argparse.SUPPRESS,
-                    add_help=described and not known)
+                    add_help=described)
     for f in fields(config):
-        kind = _kind(config, f.name)
+        kind = type(default(f))
         flag = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --plan means --plan true
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parser_for(kind),
                             help=_help(f.name) if described else None, metavar=kind.__name__.upper(), **flag)
@@ -380,7 +381,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "save_dtype": dict(choices=DTYPES), "parallel": dict(choices=("auto", "ddp", "fsdp")),
     "engine": dict(choices=SAMPLERS), "vllm_memory": dict(at_least=0),
     "engine_compile": dict(choices=("auto", "off", "eager", "inductor")),
-    "lr_schedule": dict(choices=("constant", "linear")), "code_template": dict(choices=("", *CODE_TEMPLATES)),
+    "lr_schedule": dict(choices=("constant", "linear")),
     "sandbox": dict(choices=("auto", "bwrap", "unshare", "none")), "sandbox_timeout": dict(above=0),
     "sandbox_memory": dict(at_least=64), "max_turns": dict(at_least=1), "max_observation_tokens": dict(at_least=1),
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
@@ -473,9 +474,13 @@ def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
 
 
 def field_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
-    """Each of the run's own fields within its BOUNDS. --grade-workers 0 -> "grade_workers=0: must
-    be ≥ 1 (grading worker processes per rank, ...)"."""
-    return [(False, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})") for name, bounds in BOUNDS.items()
+    """Each of the run's own fields within its BOUNDS, and --code-template one of grading/code.py's recipes.
+    --grade-workers 0 -> "grade_workers=0: must be ≥ 1 (grading worker processes per rank, ...)"."""
+    ranges = BOUNDS
+    if cfg.code_template:  # the recipes are read only by a run that names one
+        from grading.code import CODE_TEMPLATES
+        ranges = {**BOUNDS, "code_template": dict(choices=("", *CODE_TEMPLATES))}
+    return [(False, f"{name}={getattr(cfg, name)!r}: {problem} ({_help(name)})") for name, bounds in ranges.items()
             if (problem := out_of_bounds(getattr(cfg, name), **bounds))]  # the broken ones: a message each
 
 
@@ -664,6 +669,17 @@ def sampler_class(cfg: RunConfig) -> type:
 def learning_rate(cfg: RunConfig) -> float:
     """AdamW's learning rate: lr, times lora_lr_scale with LoRA. lr 1e-6, LoRA -> 1e-5."""
     return cfg.lr * (cfg.lora_lr_scale if cfg.lora_rank else 1.0)
+
+
+def lr_factor(s: int, cfg: RunConfig) -> float:
+    """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
+    lr_schedule linear a straight line from 1 to 0 just past the run's last optimizer step (the
+    form of TRL's default, transformers' get_linear_schedule_with_warmup)."""
+    warm = min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
+    if cfg.lr_schedule == "constant":
+        return warm
+    last = cfg.max_steps * cfg.mini_batches * cfg.epochs  # optimizer steps in the whole run
+    return min(warm, max(0.0, (last - s) / max(last - cfg.warmup_steps, 1)))
 
 
 def eval_settings(cfg: RunConfig, shape, sampler) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from config import CODE_KNOBS, RunConfig, data_weights, held_out_files, sources
 from rewards import DataError, Problem
-from tasks import CODE_TEMPLATES, TASKS, Task, domain_name, has_own_splits, load_task, plugin_spec, with_template
+from tasks import TASKS, Task, domain_name, has_own_splits, load_task, plugin_spec, with_template
 
 
 def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
@@ -20,13 +20,13 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
     its source's name (Problem.domain)."""
     srcs, mixed = sources(cfg), "," in cfg.data
     code_file = {src: code_problems(src) for src in srcs}  # each reads the file's first row
-    code = dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
-                memory=cfg.sandbox_memory)
     loaded = {}
     for src, held_out in zip(srcs, held_out_files(cfg)):
         task = make_task(src, sum_min_terms=cfg.sum_min_terms, sum_max_terms=cfg.sum_max_terms,
                          sum_digits=cfg.sum_digits, grade_timeout=cfg.grade_timeout, grade_workers=cfg.grade_workers,
-                         grade_budget=cfg.grade_budget, grade_cpu=cfg.grade_cpu, code=code,
+                         grade_budget=cfg.grade_budget, grade_cpu=cfg.grade_cpu,
+                         code=dict(template=cfg.code_template, isolation=cfg.sandbox, timeout=cfg.sandbox_timeout,
+                                   memory=cfg.sandbox_memory),
                          reward="" if mixed and code_file[src] else cfg.reward)  # a code file has its tests
         problems, held = task.splits()
         if held_out:
@@ -37,14 +37,15 @@ def load(cfg: RunConfig) -> tuple[Task, list[Problem], list[Problem]]:
                           with_template(held, template, cfg.system_prompt))
         loaded[domain_name(src)] = task, problems, held
     code_files = [src for src in srcs if code_file[src]]
-    python_tool = getattr(cfg, "env", "") == "python"  # its programs run in the sandbox too
     unread = [f"{name}={getattr(cfg, name)!r}" for name in CODE_KNOBS
               if getattr(cfg, name) != RunConfig.__dataclass_fields__[name].default
-              and not (python_tool and name.startswith("sandbox"))]
+              and not (getattr(cfg, "env", "") == "python" and name.startswith("sandbox"))]  # --env python's too
     if unread and not code_files:
         raise DataError(f"{', '.join(unread)}: no source of --data {cfg.data} is a file of code problems (rows "
                         f"with tests), so nothing reads it; leave it at its default")
     if cfg.prompt_template and len(code_files) == len(srcs):
+        from grading.code import CODE_TEMPLATES
+
         raise DataError(f"--prompt-template {cfg.prompt_template}: --data {cfg.data} is code problems, whose "
                         f"prompt recipe is --code-template ({', '.join(CODE_TEMPLATES)})")
     if not (mixed or cfg.reward_terms):

@@ -90,13 +90,10 @@ def setup_distributed(cfg):
     # allocator reserved up to 46% more than the live tensors in a rollout (H100), against 4-8%.
     if "PYTORCH_ALLOC_CONF" not in os.environ:  # (torch ≥ 2.9's name; the CUDA one still works)
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    timeout = timedelta(minutes=cfg.dist_timeout)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if parallel_mode(cfg, device) == "fsdp" and not dist.is_initialized():
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-            _OWNED.append(dist.group.WORLD)
+            init_group(cfg, store=dist.HashStore(), rank=0, world_size=1)
         return 0, 1, device
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -106,9 +103,15 @@ def setup_distributed(cfg):
         # CPU ranks share the node's cores: oversubscribed threads make every rank slower.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timeout)
-        _OWNED.append(dist.group.WORLD)
+        init_group(cfg)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def init_group(cfg, **store) -> None:
+    """The default process group (nccl on CUDA, else gloo), this run's: teardown destroys it."""
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                            timeout=timedelta(minutes=cfg.dist_timeout), **store)
+    _OWNED.append(dist.group.WORLD)
 
 
 def at_teardown(close) -> None:

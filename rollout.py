@@ -80,6 +80,11 @@ class Episode:
         without chunks is one row, its prompt and whole response."""
         return self.chunks or [Chunk(self.prompt_ids, self.response_ids)]
 
+    def row_advantage(self, row: Chunk) -> float:
+        """What `row` trains with: its own advantage under a turn credit rule (algos/credit.py), else the
+        trace's (every single-turn response, every outcome-credited trace)."""
+        return next((a for c, a in zip(self.chunks, self.turn_advantages) if c is row), self.advantage)
+
 
 def warn_ignored_kwargs(tokenizer, chat_kwargs: dict) -> list[str]:
     """Warns of each keyword argument the chat template renders alike with and without (a template that
@@ -447,8 +452,8 @@ def sampler_correction(trainer_logp, sampler_logp, mask, *, tis_cap: float = 0.0
       tis_cap c > 0  truncated IS: w ← min(w, c)  (the Delethink recipe uses c = 2)
       mis_cap c > 0  masked IS: a token with w > c or w < 1/c gets weight 0 (it stays in the
                      loss's denominator, like any token the loss multiplies by 0)
-      neither        weight 1 everywhere: the ratio is only measured
-    The policy-gradient term of the loss is multiplied by the weight (KL terms are not).
+    The policy-gradient term of the loss is multiplied by the weight (KL terms are not). A run with
+    neither cap never calls this (train.loss_inputs): its loss is not weighted, the gap only measured.
 
     trainer [[-1.0, -2.0]], sampler [[-1.5, -2.0]], mask [[1, 1]], tis_cap 1.5 ->
     w = [[e^0.5 = 1.6487, 1.0]] -> [[1.5, 1.0]]; with mis_cap 1.5 instead -> [[0.0, 1.0]].
@@ -458,8 +463,6 @@ def sampler_correction(trainer_logp, sampler_logp, mask, *, tis_cap: float = 0.0
         w = w.clamp(max=tis_cap)
     if mis_cap:
         w = torch.where((w > mis_cap) | (w < 1 / mis_cap), torch.zeros_like(w), torch.ones_like(w))
-    elif not tis_cap:
-        w = torch.ones_like(w)
     return torch.where(mask > 0, w, torch.ones_like(w))
 
 

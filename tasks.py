@@ -14,8 +14,8 @@ Any other `--data` is a data file (JSONL, a JSON list, parquet) in the usual sch
 graded by math-verify or by your own `--reward path/to/file.py:function` (grading/files.py), or a
 file of code problems graded in the sandbox (grading/code.py); or `path/to/file.py:Class`, a task
 of your own (examples/task_small_sums.py). data.py turns `--data` into tasks; several sources at
-once are grading/mixed.py's. The official prompt templates of the papers (`--prompt-template`,
-`--code-template`) are here too: they wrap a task's problems before training.
+once are grading/mixed.py's. The official prompt templates of the papers (`--prompt-template`) are
+here too: they wrap a task's problems before training (code RL's, `--code-template`, are grading/code.py's).
 """
 from __future__ import annotations
 
@@ -23,15 +23,13 @@ import dataclasses
 import importlib.util
 import json
 import random
-import re
 import sys
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
-from rewards import (DataError, Problem, Verdict, grade_countdown, grade_running_sum, graded,
-                     plugin_spec)
+from rewards import DataError, Problem, Verdict, grade_running_sum, graded, plugin_spec
 
 TRAIN_SIZE, HELDOUT_SIZE = 20000, 500  # sampled splits; held-out prompts never appear in train
 
@@ -196,6 +194,8 @@ class CountdownTask(Task):
                                                                   "target": int(target)})), nums
 
     def grade(self, problem: Problem, response: str) -> Verdict:
+        from grading.countdown import grade_countdown  # its arithmetic parser is read only by countdown runs
+
         return grade_countdown(problem, response)
 
 
@@ -321,51 +321,3 @@ def system_text(system: str) -> str:
     if not path.is_file():
         raise DataError(f"--system-prompt {system}: no such file {path}; give the text, or @ and a file's path")
     return path.read_text()
-
-
-# The recipes of code RL (`--code-template NAME`): for each, the prompt of a stdin/stdout problem and
-# of a function problem, with {problem} and, in the function form, {starter}: the row's starter_code
-# (LeetCode's "class Solution: ..."), else a line naming the function. The recipes choose the form by
-# the presence of starter code; here the tests choose it, which is the same on their data.
-LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
-              "generate a correct Python program that matches the specification and passes all tests.")
-LCB_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your code "
-               "within delimiters.")
-LCB_STDIN = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test on "
-             "the sample inputs). Enclose your code within delimiters as follows.")
-LCB_ANSWER = "### Answer: (use the provided format with backticks)\n\n"
-PRIME_CODE = ("{problem}\n\nWrite Python code to solve the problem. Present the code in \n```python\nYour code\n```\n"
-              "at the end.")
-CODE_TEMPLATES = {
-    # rllm-org/rllm @ 2939f8c, rllm/data/utils.py fetch_live_code_bench_system_prompt with the constants of
-    # rllm/system_prompts.py (DeepCoder's training prompt): LiveCodeBench's with its system message inline,
-    # one more sentence for stdin, and the problem run straight into "### Format" (its problems end in a newline)
-    "deepcoder": (LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STDIN + " Ensure that when the python program runs, "
-                  "it reads the inputs, runs the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n"
-                  "```\n\n" + LCB_ANSWER,
-                  LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
-                  + LCB_ANSWER),
-    # LiveCodeBench/LiveCodeBench @ 0b6e5ff, lcb_runner/prompts/code_generation.py
-    # get_generic_question_template_answer; LiveCodeBench sends LCB_SYSTEM (and "You will NOT return anything
-    # except for the program.") as a system turn, which a run's one user message does not have
-    "lcb": ("### Question:\n{problem}\n\n### Format: " + LCB_STDIN + "\n```python\n# YOUR CODE HERE\n```\n\n"
-            + LCB_ANSWER,
-            "### Question:\n{problem}\n\n### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
-            + LCB_ANSWER),
-    # PRIME-RL/PRIME, README "Usage" (Eurus-2's code prompt): one instruction for both forms
-    "prime": (PRIME_CODE, PRIME_CODE),
-}
-_SLOT = re.compile(r"\{(problem|starter)\}")
-
-
-def code_prompt(problem: str, fn_name: str, starter, template: str) -> str:
-    """A code problem in the CODE_TEMPLATES recipe `template` ("" = as it is): the stdin form, or for
-    a function problem (fn_name) the call form with the starter code. Both slots are filled in one
-    pass, so a problem that contains "{starter}" stays as written."""
-    if not template:
-        return problem
-    stdin_form, call_form = CODE_TEMPLATES[template]
-    if not fn_name:
-        return _SLOT.sub(lambda m: problem, stdin_form)
-    starter = starter if isinstance(starter, str) and starter.strip() else f"# define {fn_name} here"
-    return _SLOT.sub(lambda m: problem if m.group(1) == "problem" else starter, call_form)

@@ -36,7 +36,6 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -48,11 +47,9 @@ from transformers.utils import logging as hf_logging
 
 import algos
 import data
-from algos import LossInputs
-from algos.credit import row_advantage, set_turn_advantages
-from algos.select import batch_wide, token_flags
+from algos.base import LossInputs, batch_wide
 from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
-from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, parse_config,
+from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, lr_factor, parse_config,
                     require_trackers, response_tokens, rollout_shapes, sampler_class, trackers, validate)
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
                    require_peft)
@@ -73,13 +70,13 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
     sampler: who samples (config.SAMPLERS)."""
     b_local = cfg.prompts_per_step // world
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.prefill_chunk, sampler=sampler)
-    kept, generated, rounds, dropped = [], [], 0, 0
+    kept, generated, rounds = [], [], 0
     while True:
         problems = stream.get(data_pos, cfg.prompts_per_step)[rank * b_local:(rank + 1) * b_local]
-        first_group = data_pos + rank * b_local  # group ids unique over the run
         prompt_ids = encode_prompts(tokenizer, problems, cfg.chat_template, shape.tools, cfg.chat_template_kwargs)
+        # group ids unique over the run: a group's is its prompt's position in the stream
         episodes = generate(lm, tokenizer, problems, prompt_ids, group_size=cfg.group_size, sampling=sampling,
-                            shape=shape, first_group=first_group, batch_size=cfg.rollout_batch_size)
+                            shape=shape, first_group=data_pos + rank * b_local, batch_size=cfg.rollout_batch_size)
         verdicts = grade_batch(task, [(e.problem, e.text) for e in episodes], answer_after=cfg.answer_after)
         for e, verdict in zip(episodes, verdicts):
             e.settle(verdict)
@@ -88,22 +85,18 @@ def collect_rollouts(lm, tokenizer, task, stream, data_pos, cfg: Config, rank: i
         data_pos += cfg.prompts_per_step
         generated += episodes
         groups = [episodes[i:i + cfg.group_size] for i in range(0, len(episodes), cfg.group_size)]
-        if cfg.dynamic_sampling:
-            informative = [g for g in groups if len({e.reward for e in g}) > 1]
-            dropped += len(groups) - len(informative)
-            groups = informative
-        kept += groups
+        # DAPO's dynamic sampling keeps the groups whose rewards differ
+        kept += [g for g in groups if not cfg.dynamic_sampling or len({e.reward for e in g}) > 1]
         if not cfg.dynamic_sampling or len(kept) >= cfg.prompts_per_step or rounds >= cfg.max_sampling_rounds:
             break
         rounds += 1
-    kept = kept[:cfg.prompts_per_step]
     stats = {**rollout_stats(generated, cfg.group_size), **task.stats(generated, cfg.group_size)}
     if cfg.max_chunks > 1:
         stats["length/chunks"] = float(np.mean([len(e.chunks) for e in generated]))
-    if cfg.dynamic_sampling:
-        stats.update({"dynamic/extra_rounds": rounds, "dynamic/dropped_groups": dropped,
-                      "dynamic/kept_groups": len(kept)})
-    return [e for g in kept for e in g], generated, data_pos, stats
+    if cfg.dynamic_sampling:  # the groups generated and not kept had rewards all equal
+        stats.update({"dynamic/extra_rounds": rounds, "dynamic/kept_groups": min(len(kept), cfg.prompts_per_step),
+                      "dynamic/dropped_groups": len(generated) // cfg.group_size - len(kept)})
+    return [e for g in kept[:cfg.prompts_per_step] for e in g], generated, data_pos, stats
 
 
 def shaped_score(e: Episode, cfg: Config) -> float:
@@ -191,6 +184,7 @@ def set_advantages(episodes: list[Episode], *, algo, cfg: Config) -> None:
     if algo.advantages is None:
         return
     if cfg.turn_credit != "outcome":
+        from algos.credit import set_turn_advantages
         return set_turn_advantages(episodes, algo.norm(cfg), cfg)
     scores = torch.tensor([e.score for e in episodes], dtype=torch.float64).view(-1, cfg.group_size)
     # REINFORCE++ whitens over the batch's tokens: it reads each response's trained tokens; GDPO each reward term
@@ -257,6 +251,7 @@ def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, ol
         with torch.no_grad(), learner.autocast():
             current = [learner.scorer(*collate_rows(learner, rows or stand_in(mb_episodes))[1],
                                       cfg.temperature) for rows in micro]
+    from algos.select import token_flags
     return token_flags(learner.algo, cfg, mb_episodes, micro, current, olds, seed=seed,
                        in_loss=[in_loss(e, cfg) for e in mb_episodes],
                        gather=partial(gather_objects, world=learner.world))
@@ -264,13 +259,10 @@ def batch_flags(learner: Learner, *, mb_episodes: list[Episode], micro: list, ol
 
 def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old: dict | None, ref_logp,
                flags: dict, totals: dict, sync: bool, mismatch: list | None) -> tuple[dict, dict]:
-    """Forward, loss and backward of one micro-batch of this rank; (its metrics, its π_old outputs).
-
-    An empty micro-batch runs its mini-batch's stand_in with weight 0 (its backward adds exact
-    zeros), so that every rank joins the gradient all-reduce; its metrics are zeros. old None: this
-    forward is π_old (the first mini-batch, before any step). mismatch: where to collect the
-    sampler/trainer gap, or None.
-    """
+    """Forward, loss and backward of one micro-batch of this rank; (its metrics, its π_old outputs). An empty
+    micro-batch runs its mini-batch's stand_in with weight 0 (its backward adds exact zeros), so that every rank
+    joins the gradient all-reduce; its metrics are zeros. old None: this forward is π_old (the first mini-batch,
+    before any step). mismatch: where to collect the sampler/trainer gap, or None."""
     cfg, algo = learner.cfg, learner.algo
     dummy = not rows
     rows = rows or stand_in(mb_episodes)
@@ -303,11 +295,11 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
     keep = torch.tensor([in_loss(e, cfg) for e in episodes], device=device)
     mask = batch.response_mask * keep[:, None]
     is_weight = None
-    if batch.sampler_logp is not None:  # π_old is the rollout's weights in the trainer
+    if batch.sampler_logp is not None and (cfg.tis_cap or cfg.mis_cap):  # π_old: the rollout's weights in the trainer
         is_weight = sampler_correction(old["logp"], batch.sampler_logp, mask, tis_cap=cfg.tis_cap, mis_cap=cfg.mis_cap)
     return LossInputs(
         logp=out["logp"], old_logp=old["logp"], mask=mask,
-        adv=torch.tensor([row_advantage(e, c) for e, c in rows], device=device),
+        adv=torch.tensor([e.row_advantage(c) for e, c in rows], device=device),
         labels=torch.tensor([float(e.score > 0) for e in episodes], device=device),
         group=torch.tensor([e.group for e in episodes], device=device),
         # a row's whole response, which for a chunk is its trace (docs/math.md §5)
@@ -431,17 +423,6 @@ def mini_batch_totals(episodes: list[Episode], cfg: Config) -> dict:
 
 # ============================================================================ logging
 
-def lr_factor(s: int, cfg: Config) -> float:
-    """The learning rate's multiple at optimizer step s (from 0): a linear warm-up, then 1, or with
-    lr_schedule linear a straight line from 1 to 0 just past the run's last optimizer step (the
-    form of TRL's default, transformers' get_linear_schedule_with_warmup)."""
-    warm = min(1.0, (s + 1) / max(cfg.warmup_steps, 1))
-    if cfg.lr_schedule == "constant":
-        return warm
-    last = cfg.max_steps * cfg.mini_batches * cfg.epochs  # optimizer steps in the whole run
-    return min(warm, max(0.0, (last - s) / max(last - cfg.warmup_steps, 1)))
-
-
 def say(rank: int, *msg) -> None:
     if rank == 0:
         tqdm.write(" ".join(str(m) for m in msg))
@@ -474,11 +455,14 @@ def preflight(cfg: Config) -> Setup:
     require_trackers(cfg)  # each tracker --report-to names is installed, or its pip command before any load
     task, train_problems, heldout = data.load(cfg)
     tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
-    require_lora(cfg, hf_config)  # with --lora-rank: peft installed, --lora-targets names the model's layers
+    if cfg.lora_rank:  # peft installed, --lora-targets naming the model's layers (extras/lora.py)
+        from extras.lora import check_targets
+        require_peft("--lora-rank")
+        check_targets(hf_config, cfg.lora_targets)
     sampler_class(cfg).check(cfg, hf_config)  # --engine's sampler able to run here (vllm: installed)
     shape, eval_shape = rollout_shapes(cfg, tokenizer)
     check_prompts_fit(cfg, tokenizer, hf_config, train_problems + heldout, shape.tools)
-    out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+    out, start = run_folder(cfg.resume, cfg.out, Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return Setup(task=task, train_problems=train_problems, heldout=heldout, shape=shape, eval_shape=eval_shape,
                  tokenizer=tokenizer, hf_config=hf_config, out=out, start=start)
 
@@ -562,15 +546,6 @@ def learner_for(cfg: Config, start: Path | None, tokenizer, train_problems, rank
                    pad_id=tokenizer.pad_token_id, rank=rank, world=world, device=device), adapters
 
 
-def require_lora(cfg: Config, hf_config) -> None:
-    """--lora-rank: peft installed and --lora-targets naming layers of the model (extras/lora.py), else an error."""
-    if cfg.lora_rank:
-        from extras.lora import check_targets
-
-        require_peft("--lora-rank")
-        check_targets(hf_config, cfg.lora_targets)
-
-
 def mixed_seed(seed: int, a: int, b: int) -> int:
     """One seed from the run's seed and two counters, (step, rank) or (group, epoch): a resumed run
     replays the same draws without saving RNG states."""
@@ -584,15 +559,13 @@ def train(cfg: Config, setup: Setup) -> None:
     hf_logging.disable_progress_bar()  # our tqdm is the one progress bar
     learner, adapters = learner_for(cfg, start, tokenizer, setup.train_problems, rank, world, device)
     lm, scheduler, log = learner.lm, learner.scheduler, partial(say, rank)
-    state = resume(start, lm, learner.optimizer, scheduler, cfg, world, log)
+    stream = task.stream(setup.train_problems, cfg.seed)
+    state = resume(start, lm, learner.optimizer, scheduler, stream, cfg, world, log)
     step, data_pos = state["step"], state["data_pos"]
     logged = step if start is not None else -1  # the last step whose rows the logs keep
     if rank == 0:
         open_run(out, cfg, logged, log)
     log(config_note(cfg, out / "config.yaml"))
-    stream = task.stream(setup.train_problems, cfg.seed)
-    if start is not None:
-        stream.load(state["stream"])
     logger = Logger(out, rank == 0, tokenizer, cfg, trackers(cfg), purge_step=logged + 1 if cfg.resume else None)
 
     def run_eval(step, keys=None, row=()):  # keys: the metrics its line shows, with ± (None: all); row: the step's
@@ -623,24 +596,20 @@ def train(cfg: Config, setup: Setup) -> None:
         setup.shape.check(generated)  # an environment failing every trace stops the run here
         metrics.update(peak_memory(device, "rollout"), **sampler.metrics())
         t1 = time.perf_counter()
-        if episodes:
-            metrics.update(update(learner, episodes))
-        else:  # dynamic sampling kept nothing: every rank skips the update alike
-            metrics["update/skipped"] = 1.0
-        metrics.update(peak_memory(device, "update"))
+        # dynamic sampling that kept nothing: every rank skips the update alike
+        metrics.update(update(learner, episodes) if episodes else {"update/skipped": 1.0})
         t2 = time.perf_counter()
-        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "lr": scheduler.get_last_lr()[0]})
+        metrics.update({**peak_memory(device, "update"), "time/rollout": t1 - t0, "time/update": t2 - t1,
+                        "time/step": t2 - t0, "lr": scheduler.get_last_lr()[0]})
         if cfg.eval_every and step % cfg.eval_every == 0 and heldout:
             metrics.update(run_eval(step, ["eval/accuracy", *(f"eval/pass@{k}" for k in cfg.eval_k)], metrics))
         logger.log(step, metrics, generated[:cfg.log_samples])
         bar.set_postfix(reward=f"{metrics.get('reward/mean', math.nan):.3f}", len=f"{metrics['length/mean']:.1f}")
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.max_steps:
-            trainer_state = {"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(), "world": world,
-                             "stream": stream.state()}
             save_run(out, step, cfg=cfg, lm=lm, optimizer=learner.optimizer, adapters=adapters,
-                     trainer_state=trainer_state, hf_config=setup.hf_config, tokenizer=tokenizer, rank=rank,
-                     device=device)
+                     hf_config=setup.hf_config, tokenizer=tokenizer, rank=rank, device=device,
+                     trainer_state={"step": step, "data_pos": data_pos, "scheduler": scheduler.state_dict(),
+                                    "world": world, "stream": stream.state()})
     logger.close()
 
 

@@ -108,6 +108,17 @@ class LossInputs:
     high_entropy: torch.Tensor | None = None  # [n, T] bool, --top-entropy-quantile's kept tokens; None: off
 
 
+# the 80/20 rule's ρ (algos/high_entropy.py), a knob of every algorithm here; batch_wide reads it
+TOP_ENTROPY_QUANTILE = Knob("top_entropy_quantile", 1.0, "ρ: policy loss only on the top ρ of tokens by entropy "
+                            "(80/20 paper: 0.2); 1 = off", above=0, at_most=1)
+
+
+def batch_wide(algo: Algorithm, cfg) -> bool:
+    """Whether the run chooses tokens from the whole mini-batch before its first micro-batch (algos/select.py,
+    which only such a run imports)."""
+    return algo.select_tokens is not None or cfg.top_entropy_quantile < 1
+
+
 def several_rows(cfg) -> bool:
     """Whether a response may be several training rows (a Markovian or a multi-turn trace), which a
     loss that scores a whole response in one row (PACS, GSPO) cannot take."""

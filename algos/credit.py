@@ -58,12 +58,6 @@ def set_turn_advantages(episodes: list, norm: dict, cfg) -> None:
         e.advantage = e.turn_advantages[0]
 
 
-def row_advantage(e, row) -> float:
-    """What row `row` (a Chunk) of trace `e` trains with: its own advantage under a turn credit rule,
-    else its trace's (every single-turn response, every outcome-credited trace)."""
-    return next((a for c, a in zip(e.chunks, e.turn_advantages) if c is row), e.advantage)
-
-
 def to_go(rewards: list[float], last: float, gamma: float) -> list[float]:
     """Each turn's discounted sum of the rewards from it on, `last` added at the final turn.
     [1, 0, 0.5], last 1, γ 0.5 -> [1 + 0.5·0 + 0.25·1.5, 0 + 0.5·1.5, 1.5] = [1.375, 0.75, 1.5]."""

@@ -12,8 +12,9 @@ Effective Reinforcement Learning for LLM Reasoning" (arXiv 2506.01939). Read fro
 the mask keeps n − ⌈(1 − ρ)(n − 1)⌉ tokens: n = 10, ρ = 0.3 -> τ_H between the 7th and 8th
 smallest -> 3 tokens.
 
-Every algorithm here reads it (its knob sits in policy_gradient.AGGREGATE_KNOBS and in ROVER's and
-PACS's knobs): train.update computes the mask over the mini-batch and passes it as
+Every algorithm here reads it (its knob, algos/base.py's TOP_ENTROPY_QUANTILE, sits in
+policy_gradient.AGGREGATE_KNOBS and in ROVER's and PACS's knobs; this file is read only by a run that
+sets it, through algos/select.py): train.update computes the mask over the mini-batch and passes it as
 LossInputs.high_entropy, and each loss multiplies its per-token policy loss by it, TRL's
 `per_token_loss * entropy_mask`: policy_gradient.aggregate for the GRPO family, GSPO, CISPO, SAPO,
 Clip-Cov and KL-Cov, before the reference KL is added (so a masked token keeps its KL gradient, as
@@ -29,11 +30,6 @@ Where we differ from TRL, and why:
 from __future__ import annotations
 
 import torch
-
-from algos.base import Knob
-
-TOP_ENTROPY_QUANTILE = Knob("top_entropy_quantile", 1.0, "ρ: policy loss only on the top ρ of tokens by entropy "
-                            "(80/20 paper: 0.2); 1 = off", above=0, at_most=1)
 
 
 def high_entropy(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:

@@ -27,8 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from algos.base import Algorithm, Knob, LossInputs
-from algos.high_entropy import TOP_ENTROPY_QUANTILE
+from algos.base import TOP_ENTROPY_QUANTILE, Algorithm, Knob, LossInputs
 
 PRESET = dict(mini_batches=4, grad_clip=0.0, pacs_beta=1.0, pacs_psi="loo", weight_decay=0.01)  # configs/ppo_trainer.yaml
 PACS_PSIS = ("loo", "zscore", "none")

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from algos.base import Knob, LossInputs
-from algos.high_entropy import TOP_ENTROPY_QUANTILE
+from algos.base import TOP_ENTROPY_QUANTILE, Knob, LossInputs
 
 ADV_NORMS = ("group", "batch", "none", "rloo", "mean")
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")

@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from algos import policy_gradient
-from algos.base import Algorithm, Knob, LossInputs
-from algos.high_entropy import TOP_ENTROPY_QUANTILE
+from algos.base import TOP_ENTROPY_QUANTILE, Algorithm, Knob, LossInputs
 
 PRESET = dict(mini_batches=4, rover_temp=1.0, rover_adv="group", weight_decay=0.01)  # official actor.yaml
 ROVER_ADVS = ("group", "mean")

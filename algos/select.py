@@ -14,13 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from algos.credit import row_advantage
 from algos.high_entropy import high_entropy
-
-
-def batch_wide(algo, cfg) -> bool:
-    """Whether the run chooses tokens from the whole mini-batch before its first micro-batch."""
-    return algo.select_tokens is not None or cfg.top_entropy_quantile < 1
 
 
 def chunk_start(e, c) -> int:
@@ -66,7 +60,7 @@ def token_flags(algo, cfg, mb_episodes: list, micro: list, current: list, olds: 
         return torch.cat([torch.full((len(e.response_ids),), float(v)) for e, v in zip(mb_episodes, values)])
 
     tokens = {**dict(zip(("logp", "old_logp", "entropy"), flat)),
-              "adv": torch.cat([torch.full((len(c.response_ids),), row_advantage(e, c))
+              "adv": torch.cat([torch.full((len(c.response_ids),), e.row_advantage(c))
                                 for e in mb_episodes for c in e.rows()]),
               "mask": per_response(in_loss)}
     picked = {}

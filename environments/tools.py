@@ -39,7 +39,7 @@ import threading
 from transformers.utils import get_json_schema
 
 from environments import MAX_MESSAGES, Environment, EnvironmentFailed, Step
-from rewards import parse_arithmetic
+from grading.countdown import parse_arithmetic
 
 
 class ToolError(Exception):

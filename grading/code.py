@@ -51,12 +51,60 @@ from decimal import Decimal, InvalidOperation
 from rewards import DataError, Problem, Verdict
 from grading.sandbox import Limits, Result, Sandbox, SandboxError, SandboxWarning, isolation_note
 from grading.files import CODE_FIELDS, PROMPT_FIELDS, records, row_field, row_id
-from tasks import Task, code_prompt
+from tasks import Task
 
 MAX_PROGRAM_CHARS = 100_000  # a longer program is no sane solution: scored 0 ("too_long") unrun
 PYTHON_FENCES = {"python", "py", "python3"}  # the info strings that mark a Python block
 _FENCE = re.compile(r"^[ \t]*```([^\n]*)", re.MULTILINE)  # no nested quantifiers: linear on any text
 RESULT_PREFIX = "@@rlvr-result "  # marks the harness's lines in a function program's stdout
+
+# The recipes of code RL (`--code-template NAME`): for each, the prompt of a stdin/stdout problem and
+# of a function problem, with {problem} and, in the function form, {starter}: the row's starter_code
+# (LeetCode's "class Solution: ..."), else a line naming the function. The recipes choose the form by
+# the presence of starter code; here the tests choose it, which is the same on their data.
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+              "generate a correct Python program that matches the specification and passes all tests.")
+LCB_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your code "
+               "within delimiters.")
+LCB_STDIN = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test on "
+             "the sample inputs). Enclose your code within delimiters as follows.")
+LCB_ANSWER = "### Answer: (use the provided format with backticks)\n\n"
+PRIME_CODE = ("{problem}\n\nWrite Python code to solve the problem. Present the code in \n```python\nYour code\n```\n"
+              "at the end.")
+CODE_TEMPLATES = {
+    # rllm-org/rllm @ 2939f8c, rllm/data/utils.py fetch_live_code_bench_system_prompt with the constants of
+    # rllm/system_prompts.py (DeepCoder's training prompt): LiveCodeBench's with its system message inline,
+    # one more sentence for stdin, and the problem run straight into "### Format" (its problems end in a newline)
+    "deepcoder": (LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STDIN + " Ensure that when the python program runs, "
+                  "it reads the inputs, runs the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n"
+                  "```\n\n" + LCB_ANSWER,
+                  LCB_SYSTEM + "\n\n{problem}### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
+                  + LCB_ANSWER),
+    # LiveCodeBench/LiveCodeBench @ 0b6e5ff, lcb_runner/prompts/code_generation.py
+    # get_generic_question_template_answer; LiveCodeBench sends LCB_SYSTEM (and "You will NOT return anything
+    # except for the program.") as a system turn, which a run's one user message does not have
+    "lcb": ("### Question:\n{problem}\n\n### Format: " + LCB_STDIN + "\n```python\n# YOUR CODE HERE\n```\n\n"
+            + LCB_ANSWER,
+            "### Question:\n{problem}\n\n### Format: " + LCB_STARTER + "\n```python\n{starter}\n```\n\n"
+            + LCB_ANSWER),
+    # PRIME-RL/PRIME, README "Usage" (Eurus-2's code prompt): one instruction for both forms
+    "prime": (PRIME_CODE, PRIME_CODE),
+}
+_SLOT = re.compile(r"\{(problem|starter)\}")
+
+
+def code_prompt(problem: str, fn_name: str, starter, template: str) -> str:
+    """A code problem in the CODE_TEMPLATES recipe `template` ("" = as it is): the stdin form, or for
+    a function problem (fn_name) the call form with the starter code. Both slots are filled in one
+    pass, so a problem that contains "{starter}" stays as written."""
+    if not template:
+        return problem
+    stdin_form, call_form = CODE_TEMPLATES[template]
+    if not fn_name:
+        return _SLOT.sub(lambda m: problem, stdin_form)
+    starter = starter if isinstance(starter, str) and starter.strip() else f"# define {fn_name} here"
+    return _SLOT.sub(lambda m: problem if m.group(1) == "problem" else starter, call_form)
+
 
 # Runs in the sandbox as main.py beside the program (solution.py): reads the calls from stdin, imports
 # the program, and prints one line per call: RESULT_PREFIX + [index, returned?, value or exception name].

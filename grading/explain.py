@@ -26,8 +26,8 @@ from grading.math_answers import (CALCULATOR_ANNOTATION, MATH_ANSWER_CHARS, MAX_
                                   gold_reading, judge, last_boxes, listed_parts, math_request)
 from grading.pool import GRADE_CPU, OverCPU, on_cpu_limit, warm_up, within_cpu
 from grading.precheck import precheck
-from rewards import COUNTDOWN_ANSWER_CHARS, RUNNING_SUM_ANSWER_CHARS, DataError, ExpressionError, Problem, answer_window
-from rewards import extract_tag, grade_countdown, grade_running_sum, parse_arithmetic
+from grading.countdown import COUNTDOWN_ANSWER_CHARS, ExpressionError, grade_countdown, parse_arithmetic
+from rewards import RUNNING_SUM_ANSWER_CHARS, DataError, Problem, answer_window, extract_tag, grade_running_sum
 
 SHOWN = 160  # characters of any text printed: a hostile response is cut here, with its length said
 
@@ -85,7 +85,7 @@ def explain_math(gold_field: str, response: str, cpu: float, gold_rule: str = ""
 
 
 def explain_task(task: str, gold: str, response: str) -> list[tuple[str, str]]:
-    """The steps of a built-in task's verdict (rewards.grade_running_sum, rewards.grade_countdown)."""
+    """The steps of a built-in task's verdict (rewards.grade_running_sum, grading.countdown.grade_countdown)."""
     chars = RUNNING_SUM_ANSWER_CHARS if task == "running_sum" else COUNTDOWN_ANSWER_CHARS
     tag = extract_tag(answer_window(response, chars))
     steps = [("gold", shown(gold)),

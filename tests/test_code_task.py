@@ -17,7 +17,7 @@ from grading.code import CodeTask
 from data import make_task
 from rewards import DataError, Problem, Verdict
 from grading.files import is_code_file
-from tasks import CODE_TEMPLATES, code_prompt
+from grading.code import CODE_TEMPLATES, code_prompt
 from helpers import fenced, fixture_problems
 
 FIXTURE = Path(__file__).parent / "fixtures" / "code_problems.jsonl"  # right and wrong programs for each problem

@@ -10,7 +10,7 @@ import torch
 import algos
 from config import Config, validate
 from environments import Environment, Observations, Session, Step, Turns
-from algos.credit import normalised, row_advantage, to_go
+from algos.credit import normalised, to_go
 from environments.rollout import MultiTurn
 from model import ResponseLogProbs, load_model, load_tokenizer
 from parallel import wrap
@@ -77,7 +77,7 @@ def credited(cfg):
 def test_the_worked_example_by_hand(credit):
     episodes = credited(config(credit))
     assert [e.score for e in episodes] == [2.0, 1.0, 1.0, 0.0]  # the return: outcome + turn rewards
-    got = [[row_advantage(e, c) for c in e.chunks] for e in episodes]
+    got = [[e.row_advantage(c) for c in e.chunks] for e in episodes]
     for row, hand in zip(got, HAND[credit]):
         assert row == pytest.approx(hand, abs=1e-6)
 
@@ -113,7 +113,7 @@ def test_outcome_credit_without_turn_rewards_is_the_single_turn_rule():
         e.score = shaped_score(e, cfg)
     set_advantages(episodes, algo=algos.get("grpo"), cfg=cfg)
     hand = [z(1, .5, S13), z(0, .5, S13)] * 2
-    assert [[row_advantage(e, c) for c in e.chunks] for e in episodes] == \
+    assert [[e.row_advantage(c) for c in e.chunks] for e in episodes] == \
         [pytest.approx([a] * len(e.chunks), abs=1e-6) for a, e in zip(hand, episodes)]
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import rewards
 from rewards import Problem, Verdict, extract_tag, grade_batch
-from grading import pool
+from grading import countdown, pool
 from grading.files import FileTask
 from grading.pool import MathGrader
 from tasks import CountdownTask, RunningSumTask
@@ -149,6 +149,7 @@ def test_exception_inside_grading_scores_zero_with_failure(task_name, monkeypatc
     def broken(*args):
         raise RuntimeError("grader bug")
     monkeypatch.setattr(rewards, "extract_tag", broken)
+    monkeypatch.setattr(countdown, "extract_tag", broken)  # countdown's grader, in grading/countdown.py
     task, problem, right = TASKS[task_name]
     assert task.grade(problem, tag(right)) == rewards.Verdict(0.0, None, "error")
 

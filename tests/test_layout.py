@@ -77,8 +77,11 @@ def test_a_flag_imports_its_folder(loaded):
     and --engine fast engine.py."""
     phases, _ = loaded
     assert phases["train"] == phases["eval"] == HEALTH
-    assert phases["flag"] == ["environments", "environments.rollout", "environments.tools", *HEALTH]
-    assert phases["fast"] == ["engine", "environments", "environments.rollout", "environments.tools", *HEALTH]
+    # the calculator evaluates with the countdown grader's arithmetic parser
+    assert phases["flag"] == ["environments", "environments.rollout", "environments.tools", *HEALTH, "grading",
+                              "grading.countdown"]
+    assert phases["fast"] == ["engine", "environments", "environments.rollout", "environments.tools", *HEALTH,
+                              "grading", "grading.countdown"]
 
 
 def test_the_root_holds_the_core_only():

@@ -402,11 +402,11 @@ def test_lr_schedule_warms_up_then_falls_linearly_to_zero():
     """2 warm-up steps, then (by hand) 6 optimizer steps of 1 rollout batch each: 1 at the end of
     warm-up, falling by 1/4 a step to 0 just past the last; constant stays at 1."""
     linear = config.Config(warmup_steps=2, max_steps=6, mini_batches=1, epochs=1, lr_schedule="linear")
-    assert [train.lr_factor(s, linear) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [config.lr_factor(s, linear) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     constant = replace(linear, lr_schedule="constant")
-    assert [train.lr_factor(s, constant) for s in range(7)] == [0.5] + [1.0] * 6
+    assert [config.lr_factor(s, constant) for s in range(7)] == [0.5] + [1.0] * 6
     two = replace(linear, mini_batches=2, max_steps=3)  # K = 2 optimizer steps per batch: the same 6 steps
-    assert [train.lr_factor(s, two) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [config.lr_factor(s, two) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
 
 
 def test_format_failures_are_the_share_of_zeros_without_an_answer():
