@@ -37,7 +37,9 @@ Where the references differ, and what we follow:
   below c (verl's default c = 20, its DPPO example 10000). We follow prime-rl, with verl's
   clamp of log r at ±20 so that a masked token's r cannot overflow into a NaN gradient.
 - τ. prime-rl's kl_tau, on dppo_tv as in its default loss; verl's DPPO has no such term, so
-  dppo_kl starts at τ = 0 (set --kl-tau to add it).
+  dppo_kl starts at τ = 0 (set --kl-tau to add it). Against π_old the penalty is exactly 0 on the
+  first mini-batch; prime-rl's, against the inference engine's log-probs, is not (numerics, async lag).
+- δ for dppo_tv: prime-rl's 0.2; verl's example runs 0.15.
 - The aggregation: token-mean, prime-rl's (its loss is summed and divided by the rl tokens) and
   verl's function default; verl's example runs seq-mean-token-sum-norm (--loss-agg).
 """
