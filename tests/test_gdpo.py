@@ -110,8 +110,10 @@ def test_parse_terms_reads_names_weights_and_functions(tmp_path):
 
 def test_the_weighted_task_sums_the_terms_and_keeps_each(tmp_path):
     """A Weighted task's Verdict: reward Σ w_j r_j, the task's answer and failure, each term under reward/<name>,
-    a term that raises or returns nan scored 0 and counted; eval's `correct` stays the task's own verdict."""
+    a term that raises or returns nan scored 0 and counted (a count over the batch, as training and eval log it:
+    tasks.detail_means); eval's `correct` stays the task's own verdict."""
     from eval import sample_record
+    from tasks import detail_means
 
     (tmp_path / "terms.py").write_text(
         "def brevity(prompt, response, answer):\n    return 1.0 - len(response) / 100\n"
@@ -131,7 +133,10 @@ def test_the_weighted_task_sums_the_terms_and_keeps_each(tmp_path):
     assert [v.answer for v in verdicts] == ["3", "4", "3"]
     assert [v.details["reward/picky_failures"] for v in verdicts] == [0.0, 1.0, 1.0]
     assert [v.details["reward/picky"] for v in verdicts] == [0.5, 0.0, 0.0]
-    assert stats == {"reward/brevity_failures": 0.0, "reward/picky_failures": 2.0}
+    assert stats == {}  # the task's own: running sums have none
+    counted = detail_means([v.details for v in verdicts])
+    assert counted["reward/brevity_failures"] == 0.0 and counted["reward/picky_failures"] == 2.0
+    assert counted["reward/picky"] == pytest.approx(0.5 / 3)  # a term's value is still its mean
     assert [sample_record("", v)["correct"] for v in verdicts] == [True, False, True]  # totals 2.41, 0.385, 1.39
 
 
