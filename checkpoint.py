@@ -262,7 +262,9 @@ def run_folder(resume: str, out: str, default: Path) -> tuple[Path, Path | None]
         run, checkpoint = Path(out or default), None
     if (run / "metrics.jsonl").exists() or (run / "checkpoints").exists():
         raise CheckpointError(f"--out {run} holds a run already: continue it with --resume {run}, "
-                              f"or choose another --out")
+                              f"or choose another --out" if complete_checkpoints(run) else
+                              f"--out {run} holds a run that saved no checkpoint (one stopped before its first "
+                              f"save): start it afresh there with --resume auto --out {run}, or choose another --out")
     _creatable(run)
     return run, checkpoint
 

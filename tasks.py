@@ -322,4 +322,12 @@ def system_text(system: str) -> str:
     path = Path(system[1:])
     if not path.is_file():
         raise DataError(f"--system-prompt {system}: no such file {path}; give the text, or @ and a file's path")
-    return path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--system-prompt {system}: {path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        f"save it as UTF-8") from None
+    if not text.strip():
+        raise DataError(f"--system-prompt {system}: {path} is empty; write the system prompt in it, or drop "
+                        f"--system-prompt")
+    return text
