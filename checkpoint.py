@@ -15,14 +15,22 @@ complete checkpoint is the highest such N. A kill leaves at most a `.partial` (o
 from pruning) folder, which the next start removes. `--resume RUN` continues from the newest
 checkpoint with the run's saved config; rows that metrics.jsonl and samples.jsonl logged after it
 are dropped and TensorBoard purges them, so a replayed step is logged once.
+
+A NaN never reaches the weights or a checkpoint (`StepGuard`, `save_run`): an optimizer step
+whose loss (summed over ranks) or global gradient norm is not finite is not applied, neither AdamW
+nor the lr schedule steps, and a line on stderr names the step and the two values; NONFINITE_LIMIT
+such steps in a row stop the run. A checkpoint whose trained weights or AdamW state hold a NaN or an
+inf is not written. Both decisions are taken alike on every rank.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,17 +40,48 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from model import load_trainer_state, save_checkpoint, save_hf, unreadable
-from parallel import (all_reduce_sum, compute_dtype, full_state_dict, full_tensor, load_train_state,
+from parallel import (all_reduce_sum, compute_dtype, full_state_dict, full_tensor, load_train_state, nonfinite,
                       save_train_state)
 
 COMPLETE = ("trainer_state.pt", "train_config.yaml", "train_state/.metadata")  # every checkpoint, and its weights:
 WEIGHTS = {False: ("config.json", "model.safetensors"),  # a full fine-tune's HF folder
            True: ("adapter_config.json", "adapter_model.safetensors")}  # LoRA's adapters (merged/: optional)
 LOGS = ("metrics.jsonl", "samples.jsonl")
+NONFINITE_LIMIT = 3  # optimizer steps in a row with a NaN or inf loss or gradient norm: the run stops
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or read; the message says what is still intact."""
+    """A checkpoint that cannot be written or read, or a run that cannot go on to its next one (NaN
+    steps); the message says what is still intact."""
+
+
+# ----------------------------------------------------------------------------- no NaN in the weights
+
+class StepGuard:
+    """Whether each optimizer step of the run may apply (see the module docstring); the Learner holds one."""
+    in_a_row = 0  # optimizer steps skipped since the last one applied
+    skipped = 0  # optimizer steps skipped since this launch began: the metric update/nonfinite_skipped
+
+    def applies(self, grad_norm: float, loss: float, *, step: int, rank: int, device) -> bool:
+        """Collective, every rank calls: the gradient norm is the same on every rank already (the ranks'
+        gradients are summed before it is taken), this rank's share of the loss is summed here. True:
+        step; False: skip (said on rank 0); the NONFINITE_LIMIT-th False in a row raises CheckpointError."""
+        loss = all_reduce_sum({"loss": loss}, device)["loss"]
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.in_a_row = 0
+            return True
+        self.in_a_row, self.skipped = self.in_a_row + 1, self.skipped + 1
+        what = f"step {step}: loss {loss:g}, gradient norm {grad_norm:g}"
+        if self.in_a_row >= NONFINITE_LIMIT:
+            raise CheckpointError(f"{what}: {self.in_a_row} optimizer steps in a row had a NaN or inf loss or "
+                                  f"gradient norm and none was applied, so the newest checkpoint is intact: "
+                                  f"resume from it (--resume RUN_DIR) with a lower --lr, --grad-clip or the knob "
+                                  f"that made it (docs/runs-and-checkpoints.md#nan-and-inf)")
+        if rank == 0:
+            print(f"warning: {what}: not finite, so this optimizer step is not applied (AdamW and the lr "
+                  f"schedule do not step; {self.in_a_row} in a row, {NONFINITE_LIMIT} stop the run)",
+                  file=sys.stderr, flush=True)
+        return False
 
 
 # ----------------------------------------------------------------------------- the logs
@@ -223,7 +262,9 @@ def run_folder(resume: str, out: str, default: Path) -> tuple[Path, Path | None]
         run, checkpoint = Path(out or default), None
     if (run / "metrics.jsonl").exists() or (run / "checkpoints").exists():
         raise CheckpointError(f"--out {run} holds a run already: continue it with --resume {run}, "
-                              f"or choose another --out")
+                              f"or choose another --out" if complete_checkpoints(run) else
+                              f"--out {run} holds a run that saved no checkpoint (one stopped before its first "
+                              f"save): start it afresh there with --resume auto --out {run}, or choose another --out")
     _creatable(run)
     return run, checkpoint
 
@@ -350,7 +391,12 @@ def save_run(run: Path, step: int, *, cfg, lm, optimizer, adapters, trainer_stat
     """Checkpoint step-N of a training run (every rank calls: the weights are gathered, the optimizer
     state written as shards): HF weights in save_dtype, or with LoRA (adapters: the peft model that
     extras/lora.py's add_lora made) the files of lora_files, plus trainer_state.pt and train_config.yaml,
-    which --resume reads."""
+    which --resume reads. Weights or AdamW state holding a NaN or an inf are never written (CheckpointError on
+    every rank)."""
+    bad = nonfinite([*lm.parameters(), *(t for state in optimizer.state.values() for t in state.values())], device)
+    if bad:
+        raise CheckpointError(f"checkpoint step-{step} not written: {bad} weight or AdamW state tensor(s) "
+                              f"hold NaN or inf, and {intact(run)}")
     dtype = {"auto": compute_dtype(cfg, device), "fp32": torch.float32, "bf16": torch.bfloat16}[cfg.save_dtype]
     weights, more = ((full_state_dict(lm, dtype), None) if adapters is None else
                      ({}, lora_files(lm, adapters, dtype=dtype, scale=cfg.lora_alpha / cfg.lora_rank,
@@ -429,12 +475,16 @@ def save(run: Path, step: int, rank: int, device, *, rank0_files, sharded, keep:
         if all_reduce_sum({"failed": error is not None}, device)["failed"]:
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
-            previous = [p.name for p in complete_checkpoints(run)]
-            intact = f"the newest complete checkpoint, {previous[-1]}, is intact" if previous else "no checkpoint before it"
             free = shutil.disk_usage(root).free / 2**20
             raise CheckpointError(f"could not write checkpoint {final} ({_reason(error)}; {free:.1f} MiB free on "
-                                  f"its disk); the partial folder was removed and {intact}: free space, then "
+                                  f"its disk); the partial folder was removed and {intact(run)}: free space, then "
                                   f"--resume {run}")
+
+
+def intact(run: Path) -> str:
+    """What a failed save leaves: "the newest complete checkpoint, step-4, is intact", or that there is none."""
+    previous = [p.name for p in complete_checkpoints(run)]
+    return f"the newest complete checkpoint, {previous[-1]}, is intact" if previous else "no checkpoint before it"
 
 
 def _reason(error) -> str:

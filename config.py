@@ -349,7 +349,7 @@ def _read_yaml(path: str, config: type) -> dict:
         if kind is str and isinstance(value, list):  # data: [running_sum, countdown] = --data running_sum,countdown
             value = ",".join(map(str, value))
         if isinstance(value, dict):  # chat_template_kwargs: {enable_thinking: false}, read as its JSON
-            value = json.dumps(value)
+            value = json.dumps(value, default=str)  # a date YAML read (date_string: 2026-12-02) as it was written
         try:
             out[name] = ([int(v) for v in value] if kind is list and isinstance(value, list)
                          else _parser_for(kind)(str(value)))
@@ -359,6 +359,7 @@ def _read_yaml(path: str, config: type) -> dict:
 
 
 DTYPES = ("auto", "fp32", "bf16")  # Config.precision, Config.save_dtype
+OWN_TEMPLATE_ARGS = {"conversation", "tools", "add_generation_prompt", "tokenize"}  # apply_chat_template's, ours
 SAMPLERS = {  # --engine NAME -> who samples: its class (a rollout.Generate), imported only by a run that names it
     "hf": "rollout:Generate",
     "auto": "rollout:Generate",  # generate on every device, for now (rollout.Generate says why)
@@ -387,6 +388,7 @@ BOUNDS = {  # what each of the run's own fields may be (an algorithm's knobs car
     "max_trace_tokens": dict(at_least=0), "env_timeout": dict(above=0),
     "env_budget": dict(at_least=0), "env_fail_fraction": dict(above=0), "env_fail_steps": dict(at_least=0),
     "lr": dict(at_least=0), "weight_decay": dict(at_least=0),  # what AdamW refuses, said before any load
+    "entropy_coef": {}, "grad_clip": {},  # finite (bounds.out_of_bounds): inf makes every step NaN
 }
 CODE_KNOBS = ("code_template", "sandbox", "sandbox_timeout", "sandbox_memory")  # read by code files (sandbox_*: --env python too)
 # A domain's reward is logged as reward/<domain>: these names are the batch's own reward/ metrics
@@ -469,6 +471,11 @@ def grading_checks(cfg: RunConfig) -> list[tuple[bool, str]]:
         (cfg.chat_template or not (cfg.system_prompt or cfg.chat_template_kwargs),
          "--system-prompt and --chat-template-kwargs are the chat template's, and chat_template is false: "
          "set it true, or drop them"),
+        (not set(cfg.chat_template_kwargs) & OWN_TEMPLATE_ARGS,
+         f"--chat-template-kwargs {json.dumps(cfg.chat_template_kwargs, default=str)}: "
+         f"{', '.join(sorted(set(cfg.chat_template_kwargs) & OWN_TEMPLATE_ARGS))} the project passes itself "
+         f"(rollout.encode_prompts: the turns, --env's tools, the generation prompt, text): drop it"),
+        (bool(cfg.eval_k), "eval_k is empty (--eval-k, eval.py's --k): give the pass@k values, e.g. 1,4"),
         *data_checks(cfg),
     ]
 

@@ -368,10 +368,10 @@ def sample_and_grade(args, cfg, first: bool) -> None:
     from parallel import autocast_context, gather_objects, setup_distributed, teardown, weights_dtype
 
     try:
+        task, problems = held_out(cfg, first)  # validated first: --engine names a sampler
         if not sampler_class(cfg).alone:
             raise ValueError(f"--engine {cfg.engine} samples train.py's rollouts and evals; eval.py samples with "
                              f"--engine hf or fast: add --engine hf")
-        task, problems = held_out(cfg, first)
         tokenizer, hf_config = check_model_folder(cfg.model, cfg.trust_remote_code)
         _, shape = rollout_shapes(cfg, tokenizer)  # the held-out eval's
         check_prompts_fit(cfg, tokenizer, hf_config, problems, shape.tools)

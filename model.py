@@ -107,9 +107,11 @@ def check_context(tokenizer, config, problems: list, encode, new_tokens: int) ->
     too_long = [i for i, n in lengths.items() if n + new_tokens > limit]
     if too_long:
         i = max(too_long, key=lengths.get)
+        turns = " with its chat turns before it (--system-prompt's or the data row's)" if problems[i].turns else ""
         raise ValueError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit} tokens with "
                          f"{new_tokens} new tokens: the longest, number {i + 1} ({problems[i].prompt[:60]!r}...), has "
-                         f"{lengths[i]} tokens; lower max_new_tokens or drop such prompts from the data")
+                         f"{lengths[i]} tokens{turns}; lower max_new_tokens, shorten the turns, or drop such "
+                         f"prompts from the data")
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):

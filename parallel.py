@@ -228,6 +228,13 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def nonfinite(tensors, device) -> int:
+    """How many of the tensors hold a NaN or an inf on any rank: each rank checks its own shards of
+    FSDP's, and one all-reduce adds the counts (every rank calls)."""
+    local = sum(bool((~torch.isfinite(t.to_local() if isinstance(t, DTensor) else t)).any()) for t in tensors)
+    return int(all_reduce_sum({"nonfinite": local}, device)["nonfinite"])
+
+
 def full_state_dict(lm, dtype: torch.dtype, lora_scale: float = 0.0) -> dict:
     """HF parameter name -> full CPU tensor in `dtype` on global rank 0 ({} on the others).
     Gathered one tensor at a time (hf_weights: every rank gathers each), so rank 0 never holds more

@@ -115,14 +115,16 @@ class PromptStream:
 
 
 def detail_means(details: list[dict]) -> dict:
-    """The mean of each grader detail (Verdict.details) over the responses that have it:
-    [{"code/tests_passed": 0.5}, {"code/tests_passed": 1.0}, {}] -> {"code/tests_passed": 0.75}; {}
-    for graders without details (the built-in ones). Training and eval logs both use it."""
+    """The mean of each grader detail (Verdict.details) over the responses that have it, but a count, the
+    sum, for one named *_failures (a reward term's, grading/terms.py: the responses it failed on, as
+    grader_failures counts): [{"code/tests_passed": 0.5}, {"code/tests_passed": 1.0}, {}] ->
+    {"code/tests_passed": 0.75}; {} for graders without details (the built-in ones). Training and eval
+    logs both use it."""
     values: dict[str, list] = {}
     for d in details:
         for name, value in d.items():
             values.setdefault(name, []).append(value)
-    return {name: float(np.mean(v)) for name, v in values.items()}
+    return {name: float(np.sum(v) if name.endswith("_failures") else np.mean(v)) for name, v in values.items()}
 
 
 def per_domain(name: str, domain: str) -> str:
@@ -320,4 +322,12 @@ def system_text(system: str) -> str:
     path = Path(system[1:])
     if not path.is_file():
         raise DataError(f"--system-prompt {system}: no such file {path}; give the text, or @ and a file's path")
-    return path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--system-prompt {system}: {path} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        f"save it as UTF-8") from None
+    if not text.strip():
+        raise DataError(f"--system-prompt {system}: {path} is empty; write the system prompt in it, or drop "
+                        f"--system-prompt")
+    return text

@@ -35,7 +35,7 @@ import random
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -48,7 +48,7 @@ from transformers.utils import logging as hf_logging
 import algos
 import data
 from algos.base import LossInputs, batch_wide
-from checkpoint import CheckpointError, Logger, lock, open_run, resume, run_folder, save_run
+from checkpoint import CheckpointError, Logger, StepGuard, lock, open_run, resume, run_folder, save_run
 from config import (Config, check_prompts_fit, config_note, eval_settings, learning_rate, lr_factor, parse_config,
                     require_trackers, response_tokens, rollout_shapes, sampler_class, trackers, validate)
 from model import (ModelError, ResponseLogProbs, check_logprobs, check_model_folder, count_parameters, load_model,
@@ -143,9 +143,10 @@ class Learner:
     rank: int
     world: int
     device: torch.device
+    guard: StepGuard = field(default_factory=StepGuard)  # a NaN or inf step is not applied (checkpoint.py)
 
 
-def update(learner: Learner, episodes: list[Episode]) -> dict:
+def update(learner: Learner, episodes: list[Episode], step: int = 0) -> dict:
     """K mini-batches × μ epochs of optimizer steps on the global batch (docs/math.md §0).
 
     The algorithm's advantages, then per mini-batch (whole groups) the loss of this rank's
@@ -167,13 +168,15 @@ def update(learner: Learner, episodes: list[Episode]) -> dict:
             flags = batch_flags(learner, mb_episodes=mb_episodes, micro=micro, olds=olds[i],
                                 on_policy=epoch == i == 0,
                                 seed=mixed_seed(cfg.seed, mb_episodes[0].group, epoch))
+            loss = 0.0  # this rank's share of the mini-batch's loss, which the guard reads
             for j, rows in enumerate(micro):  # this rank's share: gradients accumulate
                 metrics, olds[i][j] = micro_step(
                     learner, rows=rows, mb_episodes=mb_episodes, old=olds[i][j], ref_logp=refs[i][j],
                     flags=flags[j], totals=totals, sync=j == len(micro) - 1 or learner.world == 1,
                     mismatch=mismatch if epoch == 0 else None)
                 sums.update({name: sums.get(name, 0.0) + v for name, v in metrics.items()})
-            sums["grad/norm"] = sums.get("grad/norm", 0.0) + optimizer_step(learner) / learner.world
+                loss += metrics["loss/total"]
+            sums["grad/norm"] = sums.get("grad/norm", 0.0) + optimizer_step(learner, loss, step) / learner.world
             steps += 1
     return update_metrics(learner, episodes=episodes, sums=sums, steps=steps, mismatch=mismatch)
 
@@ -309,13 +312,14 @@ def loss_inputs(learner: Learner, *, rows: list, batch, out: dict, old: dict, re
         selected=flags.get("selected"), high_entropy=flags.get("high_entropy"))
 
 
-def optimizer_step(learner: Learner) -> float:
-    """Clip the global gradient norm, step the optimizer and the schedule; the norm before clipping
-    (the same on every rank)."""
+def optimizer_step(learner: Learner, loss: float = 0.0, step: int = 0) -> float:
+    """Clip the global gradient norm, step the optimizer and the schedule unless the loss or the norm is
+    not finite (the guard); the norm before clipping (the same on every rank)."""
     params = [p for p in learner.lm.parameters() if p.grad is not None]
     grad_norm = clip_grad_norm(params, learner.cfg.grad_clip if learner.cfg.grad_clip > 0 else math.inf)
-    learner.optimizer.step()
-    learner.scheduler.step()
+    if learner.guard.applies(grad_norm, loss, step=step, rank=learner.rank, device=learner.device):
+        learner.optimizer.step()
+        learner.scheduler.step()
     learner.optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
@@ -328,6 +332,7 @@ def update_metrics(learner: Learner, *, episodes: list[Episode], sums: dict, ste
     if all(c.sampler_logp for c in rows):  # the same answer on every rank
         out.update(mismatch_stats([d for part in gather_objects(mismatch, learner.world) for d in part]))
     out.update({"update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
+                "update/nonfinite_skipped": learner.guard.skipped,
                 # prompt and response tokens through the update's forwards, μ times
                 "tokens/forward": learner.cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids) for c in rows)})
     return out
@@ -597,7 +602,7 @@ def train(cfg: Config, setup: Setup) -> None:
         metrics.update(peak_memory(device, "rollout"), **sampler.metrics())
         t1 = time.perf_counter()
         # dynamic sampling that kept nothing: every rank skips the update alike
-        metrics.update(update(learner, episodes) if episodes else {"update/skipped": 1.0})
+        metrics.update(update(learner, episodes, step) if episodes else {"update/skipped": 1.0})
         t2 = time.perf_counter()
         metrics.update({**peak_memory(device, "update"), "time/rollout": t1 - t0, "time/update": t2 - t1,
                         "time/step": t2 - t0, "lr": scheduler.get_last_lr()[0]})

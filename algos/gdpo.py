@@ -27,6 +27,8 @@ terms or more.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import torch
 
@@ -62,7 +64,12 @@ def advantages(scores: torch.Tensor, cfg, episodes: list) -> torch.Tensor:
 
 
 def check(cfg) -> str:
+    """The rule of the shaped score (module docstring), and a warning (rank 0) that one term or none is GRPO."""
     shaped = [name for name in ("overlong_penalty", "zero_truncated", "env") if getattr(cfg, name)]
+    if len(terms(cfg.reward_terms)) < 2 and os.environ.get("RANK", "0") == "0":
+        print(f"warning: --algo gdpo with {len(terms(cfg.reward_terms)) or 'no'} reward term(s) normalises one reward: "
+              f"that is GRPO's group advantage at GDPO's eps {EPS:g}, as the official code does (docs/math.md §9); "
+              f"give --reward-terms two terms or more to normalise them apart", file=sys.stderr, flush=True)
     if shaped and len(terms(cfg.reward_terms)) > 1:
         return (f"--algo gdpo normalises each reward term apart, and {', '.join(shaped)} shapes the summed score, "
                 f"which no term holds: drop {', '.join(shaped)}, or give one term")

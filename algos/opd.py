@@ -96,17 +96,23 @@ def check(cfg) -> str:
 
 def teacher_problem(cfg) -> str:
     """What keeps --teacher from grading this student, or "": not a model folder (model.check_model_folder),
-    or a tokenizer that gives some token another id than the student's (the teacher scores the student's ids)."""
+    a tokenizer that gives some token another id than the student's (the teacher scores the student's ids), or
+    fewer embedding rows (config vocab_size) than the student's, whose every id it must score."""
     from model import check_model_folder
 
     try:
-        teacher, _ = check_model_folder(cfg.teacher, cfg.trust_remote_code, flag="--teacher")
-        student, _ = check_model_folder(cfg.model, cfg.trust_remote_code)
+        teacher, teacher_config = check_model_folder(cfg.teacher, cfg.trust_remote_code, flag="--teacher")
+        student, student_config = check_model_folder(cfg.model, cfg.trust_remote_code)
     except ValueError as e:
         return str(e)
     differs = tokenizer_difference(student, teacher)
-    return differs and (f"--teacher {cfg.teacher}: its tokenizer is not the student's ({differs}); the teacher scores "
-                        f"the student's token ids, so give a teacher of the same tokenizer as --model {cfg.model}")
+    if differs:
+        return (f"--teacher {cfg.teacher}: its tokenizer is not the student's ({differs}); the teacher scores the "
+                f"student's token ids, so give a teacher of the same tokenizer as --model {cfg.model}")
+    rows = [c.get_text_config().vocab_size for c in (teacher_config, student_config)]
+    return "" if rows[0] >= rows[1] else (
+        f"--teacher {cfg.teacher}: its embedding has {rows[0]} rows, the student's {rows[1]}: the student can sample "
+        f"an id the teacher has no row for; give a teacher with at least {rows[1]} (the same vocab_size)")
 
 
 def tokenizer_difference(student, teacher) -> str:

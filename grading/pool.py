@@ -364,20 +364,21 @@ class RewardFunction(GraderPool):
     processes (GradingWorker), `timeout` seconds a response. The file is never imported into the
     trainer: its code runs only in the workers, whose stdout carries the replies (your prints go to
     stderr). A parameter list (prompt, response, answer) is called per response; (prompts,
-    responses, answers) once per batch, in one worker, within timeout × the batch's size."""
+    responses, answers) once per batch, in one worker, within timeout × the batch's size. `flag`: the one
+    its errors name, --reward or --reward-terms."""
 
-    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 4):
-        path, name, self.batch = reward_signature(spec)
+    def __init__(self, spec: str, timeout: float = 10.0, workers: int = 4, flag: str = "--reward"):
+        path, name, self.batch = reward_signature(spec, flag)
         command = module_command("grading.pool", "--reward-worker", str(path), name, "batch" if self.batch else "row")
         super().__init__([RewardWorker(command, timeout) for _ in range(1 if self.batch else workers)])
-        self.spec = spec
+        self.spec, self.flag = spec, flag
         self.check()
 
     def check(self) -> None:
         """Start one worker now, so that a file that does not import fails before any model loads."""
         first = self.graders[0]
         if not first.start():
-            raise DataError(f"--reward {self.spec}: its worker did not start: "
+            raise DataError(f"{self.flag} {self.spec}: its worker did not start: "
                             f"{first.start_error or 'see the error above'}")
 
     def grade_one(self, problem: Problem, response: str) -> Verdict:
@@ -419,17 +420,17 @@ def plugin_syntax(flag: str, spec: str, kind: str) -> tuple[Path, str, ast.Modul
         raise DataError(f"{flag} {spec}: {path} is not valid Python ({e})") from None
 
 
-def reward_signature(spec: str) -> tuple[Path, str, bool]:
-    """(file, function name, batch form?) of a --reward value, read from the file's syntax without
-    running it: a top-level def with the parameters (prompt, response, answer) or (prompts,
-    responses, answers). Every problem is a DataError naming the file."""
-    path, name, tree = plugin_syntax("--reward", spec, "function")
+def reward_signature(spec: str, flag: str = "--reward") -> tuple[Path, str, bool]:
+    """(file, function name, batch form?) of a --reward value (or a --reward-terms term's: `flag`), read from
+    the file's syntax without running it: a top-level def with the parameters (prompt, response, answer) or
+    (prompts, responses, answers). Every problem is a DataError naming the flag and the file."""
+    path, name, tree = plugin_syntax(flag, spec, "function")
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
     if not defs:
-        raise DataError(f"--reward {spec}: {path} has no top-level function {name}")
+        raise DataError(f"{flag} {spec}: {path} has no top-level function {name}")
     params = [a.arg for a in defs[-1].args.posonlyargs + defs[-1].args.args]
     if params not in (list(REWARD_PARAMS), list(BATCH_PARAMS)):
-        raise DataError(f"--reward {spec}: {name}({', '.join(params)}) must take ({', '.join(REWARD_PARAMS)}) "
+        raise DataError(f"{flag} {spec}: {name}({', '.join(params)}) must take ({', '.join(REWARD_PARAMS)}) "
                         f"or, for a whole batch at once, ({', '.join(BATCH_PARAMS)})")
     return path, name, params == list(BATCH_PARAMS)
 
@@ -479,19 +480,21 @@ def import_plugin(path: str, module_name: str):
 def _scores(call, n: int) -> list[dict]:
     """The n Verdicts (as dicts) of what call() returns: a list of n rewards, each a number or
     (number, answer) for maj@n to vote on; an exception or a list of another length fails every
-    row, anything else its own row. [0.5, (1, "42"), "1"] -> rewards 0.5, 1.0 (answer "42"), 0 ("error")."""
+    row, anything else its own row. [0.5, (1, "42"), "1"] -> rewards 0.5, 1.0 (answer "42"), 0 (failure
+    "error: returned '1'"). A failure says why after "error: " (the exception, or the value returned), so that
+    the trainer can say it (grading/terms.py)."""
     try:
-        values = list(call())
-    except Exception:  # noqa: BLE001 - a reward bug on one batch must not kill training
-        values = None
-    if values is None or len(values) != n:
-        values = [None] * n
+        values, why = list(call()), ""
+    except Exception as e:  # noqa: BLE001 - a reward bug on one batch must not kill training
+        values, why = None, f"error: {type(e).__name__}: {e}"
+    if values is not None and len(values) != n:
+        values, why = None, f"error: returned {len(values)} value(s) for {n} response(s)"
     out = []
-    for v in values:
+    for v in values or [None] * n:
         reward, answer = v if isinstance(v, tuple) and len(v) == 2 else (v, None)
         ok = is_reward(reward) and (answer is None or isinstance(answer, str))
         out.append({"reward": float(reward) if ok else 0.0, "answer": answer if ok else None,
-                    "failure": "" if ok else "error"})
+                    "failure": "" if ok else (why or f"error: returned {v!r}")[:300]})
     return out
 
 

@@ -5,8 +5,14 @@ math-verify, or --reward's function), and functions of yours in --reward's plug-
 `path/to/file.py:function` (prompt, response, answer) -> float, or the batch form (prompts,
 responses, answers) -> list, each run in worker processes under --grade-timeout as --reward runs
 (grading.pool.RewardFunction). A term that raises, times out or returns anything but a finite
-number scores 0 for that response and is counted (reward/<name>_failures), and the run goes on.
-A weight is a finite number ≥ 0; a term without `=w` weighs 1.
+number scores 0 for that response and is counted, and the run goes on: reward/<name>_failures is the
+number of responses of the batch (a training step's, on all ranks; an eval's samples) on which it
+failed, the same count in training and eval (tasks.detail_means sums a detail named *_failures).
+Its first failure's text (the exception, or the value returned) is said once per term on stderr by
+each rank that meets it, and a step in which a term failed is followed by one line of the counts. A
+term that fails on every response of ALL_FAILED_STEPS training steps in a row stops the run (a
+RolloutError): it would only add a constant 0. A weight is a finite number ≥ 0, not all of them 0;
+a term without `=w` weighs 1.
 
 `Weighted` wraps the run's task (data.load builds it), so that every grader call of the trainer
 and of eval goes through it: each Verdict's reward is R, its details hold every term's value
@@ -18,13 +24,18 @@ correct whether or not it is a term. --algo gdpo (algos/gdpo.py) reads the terms
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from grading.pool import RewardFunction, reward_signature
 from rewards import DataError, Problem, Verdict, plugin_spec
 from tasks import Task
 
 CORRECT = "correct"  # the task's own grader
+ALL_FAILED_STEPS = 3  # training steps in a row in which a term failed on every response: the run stops
 TAKEN = ("mean", "std", "zero_std_groups", "grader_failures")  # the batch's own reward/ metrics
 
 
@@ -52,7 +63,7 @@ def parse_terms(value: str) -> list[Term]:
         if spec == CORRECT:
             terms.append(Term(CORRECT, w))
         elif plugin_spec(spec):
-            terms.append(Term(reward_signature(spec)[1], w, spec))  # the file and its function, read, not run
+            terms.append(Term(reward_signature(spec, "--reward-terms")[1], w, spec))  # read, not run
         else:
             raise DataError(f"--reward-terms {value}: unknown term {spec!r}; a term is `{CORRECT}` (the task's grader) "
                             f"or path/to/file.py:function, each optionally =weight")
@@ -61,6 +72,9 @@ def parse_terms(value: str) -> list[Term]:
     if clash:
         raise DataError(f"--reward-terms {value}: two terms named {', '.join(clash)}, or a name the batch's own "
                         f"reward/ metrics take ({', '.join(TAKEN)}): name each function apart")
+    if not any(t.weight for t in terms):
+        raise DataError(f"--reward-terms {value}: every weight is 0, so every reward would be 0 and nothing "
+                        f"learned: give some term a weight > 0")
     return terms
 
 
@@ -70,7 +84,9 @@ class Weighted:
 
     def __init__(self, task: Task, terms: list[Term], timeout: float, workers: int):
         self.task, self.terms = task, terms
-        self.functions = {t.name: RewardFunction(t.spec, timeout, workers) for t in terms if t.spec}
+        self.functions = {t.name: RewardFunction(t.spec, timeout, workers, "--reward-terms") for t in terms if t.spec}
+        self.first = {}  # term -> its first failure's text, said once
+        self.all_failed = {}  # term -> training steps in a row in which it failed on every response
 
     def __getattr__(self, name):  # not a subclass of Task, whose defaults would hide the task's own
         return getattr(self.task, name)
@@ -78,6 +94,14 @@ class Weighted:
     def grade_batch(self, items: list[tuple[Problem, str]], budget: float) -> list[Verdict]:
         verdicts = self.task.grade_batch(items, budget)
         scored = {name: f.grade_items(items, budget) for name, f in self.functions.items()}
+        for name, verdicts_of_term in scored.items():
+            failure = next((v.failure for v in verdicts_of_term if v.failure), "")
+            if failure and name not in self.first:
+                self.first[name] = failure
+                rank = f" (rank {os.environ['RANK']})" if "RANK" in os.environ else ""
+                print(f"warning: --reward-terms {self.functions[name].spec} failed{rank}: {failure}; such a response "
+                      f"scores 0 for {name}, counted in reward/{name}_failures (said once)", file=sys.stderr,
+                      flush=True)
         out = []
         for i, v in enumerate(verdicts):
             values = {CORRECT: v.reward, **{name: s[i].reward for name, s in scored.items()}}
@@ -87,10 +111,22 @@ class Weighted:
         return out
 
     def stats(self, episodes: list, group_size: int) -> dict:
-        """The task's own, and each function term's failures counted over the batch (as grader_failures is)."""
-        failures = {key: float(sum(e.details.get(key, 0.0) for e in episodes))
-                    for key in (f"reward/{name}_failures" for name in self.functions)}
-        return {**self.task.stats(episodes, group_size), **failures}
+        """The task's own. Called once a training step with the whole batch (the same on every rank): says each
+        term's failures on rank 0, and stops the run where a term failed on every response too long."""
+        failed = {name: int(sum(e.details.get(f"reward/{name}_failures", 0.0) for e in episodes))
+                  for name in self.functions}
+        if any(failed.values()) and os.environ.get("RANK", "0") == "0":
+            tqdm.write("reward terms failed: " + ", ".join(f"{name} on {n} of {len(episodes)} responses"
+                                                          for name, n in failed.items() if n), file=sys.stderr)
+        for name, n in failed.items():
+            self.all_failed[name] = self.all_failed.get(name, 0) + 1 if n == len(episodes) else 0
+            if self.all_failed[name] >= ALL_FAILED_STEPS:
+                from rollout import RolloutError  # stats runs in training alone, where torch is loaded
+
+                raise RolloutError(f"--reward-terms {self.functions[name].spec} failed on every response of "
+                                   f"{ALL_FAILED_STEPS} steps in a row (first: {self.first.get(name, '?')}): fix the "
+                                   f"function, or drop the term")
+        return self.task.stats(episodes, group_size)
 
     def close(self) -> None:
         for f in self.functions.values():

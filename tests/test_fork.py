@@ -236,8 +236,10 @@ def test_a_reward_that_raises_hangs_or_returns_a_string_scores_zero_counted(tmp_
         start = time.monotonic()
         verdicts = grader.grade_items([(p, r) for r in ("raise", "hang", "string", "nan", "exit", "fine", "pair")])
         seconds = time.monotonic() - start
-        assert verdicts == [Verdict(0.0, None, "error"), Verdict(0.0, None, "timeout"), Verdict(0.0, None, "error"),
-                            Verdict(0.0, None, "error"), Verdict(0.0, None, "error"), Verdict(0.75), Verdict(1.0, "42")]
+        # a failure says why: the exception, or the value returned; a worker that died, only "error"
+        assert verdicts == [Verdict(0.0, None, "error: RuntimeError: verifier bug"), Verdict(0.0, None, "timeout"),
+                            Verdict(0.0, None, "error: returned '1'"), Verdict(0.0, None, "error: returned nan"),
+                            Verdict(0.0, None, "error"), Verdict(0.75), Verdict(1.0, "42")]
         assert seconds < 5.0  # the hang is cut at the 1 s timeout
         assert grader.grade_one(p, "fine again") == Verdict(0.75)  # killed workers were restarted
     finally:
@@ -259,7 +261,8 @@ def test_the_batch_form_and_its_failures(tmp_path):
     path.write_text("def r(prompts, responses, answers):\n    return [1.0]\n")  # one score for two rows
     grader = RewardFunction(f"{path}:r", timeout=2.0)
     try:
-        assert grader.grade_items([(p, "a"), (p, "b")]) == [Verdict(0.0, None, "error")] * 2
+        assert grader.grade_items([(p, "a"), (p, "b")]) == [
+            Verdict(0.0, None, "error: returned 1 value(s) for 2 response(s)")] * 2
     finally:
         grader.close()
 

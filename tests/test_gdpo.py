@@ -110,8 +110,10 @@ def test_parse_terms_reads_names_weights_and_functions(tmp_path):
 
 def test_the_weighted_task_sums_the_terms_and_keeps_each(tmp_path):
     """A Weighted task's Verdict: reward Σ w_j r_j, the task's answer and failure, each term under reward/<name>,
-    a term that raises or returns nan scored 0 and counted; eval's `correct` stays the task's own verdict."""
+    a term that raises or returns nan scored 0 and counted (a count over the batch, as training and eval log it:
+    tasks.detail_means); eval's `correct` stays the task's own verdict."""
     from eval import sample_record
+    from tasks import detail_means
 
     (tmp_path / "terms.py").write_text(
         "def brevity(prompt, response, answer):\n    return 1.0 - len(response) / 100\n"
@@ -131,7 +133,10 @@ def test_the_weighted_task_sums_the_terms_and_keeps_each(tmp_path):
     assert [v.answer for v in verdicts] == ["3", "4", "3"]
     assert [v.details["reward/picky_failures"] for v in verdicts] == [0.0, 1.0, 1.0]
     assert [v.details["reward/picky"] for v in verdicts] == [0.5, 0.0, 0.0]
-    assert stats == {"reward/brevity_failures": 0.0, "reward/picky_failures": 2.0}
+    assert stats == {}  # the task's own: running sums have none
+    counted = detail_means([v.details for v in verdicts])
+    assert counted["reward/brevity_failures"] == 0.0 and counted["reward/picky_failures"] == 2.0
+    assert counted["reward/picky"] == pytest.approx(0.5 / 3)  # a term's value is still its mean
     assert [sample_record("", v)["correct"] for v in verdicts] == [True, False, True]  # totals 2.41, 0.385, 1.39
 
 
@@ -216,3 +221,43 @@ def test_a_term_that_fails_mid_run_is_named_scored_0_and_the_run_goes_on(tmp_pat
         assert s["details"]["reward/flaky_failures"] == float(failed)
         assert s["details"]["reward/flaky"] == (0.0 if failed else 1.0)
     assert all(r["reward/flaky_failures"] > 0 for r in rows)
+
+
+def test_a_failing_term_is_said_once_counted_per_step_and_stops_the_run_when_it_always_fails(tmp_path, capsys):
+    """Issue 74: its first failure's text on stderr once (not at each batch), the step's count in one line, the
+    same count in eval's metric as in training's; failing on every response of ALL_FAILED_STEPS steps stops."""
+    from eval import summarize
+    from grading.terms import ALL_FAILED_STEPS
+    from rollout import RolloutError
+    from tasks import detail_means
+
+    (tmp_path / "bug.py").write_text("def bug(prompt, response, answer):\n    raise ValueError('term bug 42')\n")
+    task = Weighted(RunningSumTask(), parse_terms(f"correct=1,{tmp_path}/bug.py:bug"), timeout=10, workers=1)
+    items = [(Problem("Add 1+2", "3"), r) for r in ("<answer>3</answer>", "<answer>4</answer>")] * 3
+    try:
+        steps = []
+        for _ in range(ALL_FAILED_STEPS - 1):
+            verdicts = task.grade_batch(items, 0.0)
+            steps.append([Episode([1], [2], "", False, 0, Problem("p", "3"), details=v.details) for v in verdicts])
+            task.stats(steps[-1], 2)
+        err = capsys.readouterr().err
+        assert err.count("term bug 42") == 1 and "failed: error: ValueError: term bug 42" in err, err
+        assert err.count("reward terms failed: bug on 6 of 6 responses") == ALL_FAILED_STEPS - 1, err
+        with pytest.raises(RolloutError, match=f"failed on every response of {ALL_FAILED_STEPS} steps in a row"):
+            task.stats(steps[-1], 2)
+    finally:
+        task.close()
+    samples = [{"correct": False, "details": v.details, "failure": ""} for v in verdicts]
+    records = [{"samples": samples[i:i + 2], "correct": 0, "pass@k": {"1": 0.0}, "majority_correct": False,
+                "greedy": None} for i in range(0, 6, 2)]
+    assert summarize(records, [1])["eval/reward/bug_failures"] == 6.0  # a count, as in training (not 1.0)
+    assert detail_means([e.details for e in steps[-1]])["reward/bug_failures"] == 6.0
+
+
+def test_gdpo_with_fewer_than_two_terms_says_it_is_grpo(capsys):
+    from config import parse_config, validate
+
+    validate(parse_config(["--algo", "gdpo"]), world=1)
+    assert "warning: --algo gdpo with no reward term(s) normalises one reward" in capsys.readouterr().err
+    validate(parse_config(["--algo", "gdpo", "--reward-terms", "correct=1,examples/brevity.py:brevity=0.5"]), world=1)
+    assert "warning" not in capsys.readouterr().err

@@ -13,13 +13,19 @@ import train
 
 
 
-def truncated_model(tmp_path: Path) -> Path:
-    """The shipped model with its weights cut in half, as an interrupted copy leaves them."""
-    folder = tmp_path / "cut-model"
+def shipped_copy(tmp_path: Path, name: str) -> Path:
+    """A copy of the shipped model's folder, to damage."""
+    folder = tmp_path / name
     folder.mkdir()
     for f in Path(config.DEFAULT_MODEL).iterdir():
         if f.is_file():
             (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def truncated_model(tmp_path: Path) -> Path:
+    """The shipped model with its weights cut in half, as an interrupted copy leaves them."""
+    folder = shipped_copy(tmp_path, "cut-model")
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
     return folder
@@ -35,6 +41,11 @@ def long_prompts(tmp_path: Path) -> Path:
 def a_file(tmp_path: Path) -> Path:
     (tmp_path / "a_file").write_text("")
     return tmp_path / "a_file"
+
+
+def flags(*given):
+    """A case's arguments that need no file: given flags and the output folder."""
+    return lambda tmp, out: ["--out", str(out), *given]
 
 
 # (program, its arguments given tmp_path and the output folder, what the error line says)
@@ -56,7 +67,61 @@ CASES = {
     "eval, prompts beyond the context": (
         evaluation, lambda tmp, out: ["--data", str(long_prompts(tmp)), "--out", str(out)],
         "3 prompt(s) do not fit the model's context of 512 tokens with 80 new tokens"),
+    # issue 74: inputs that ran silently, ended in a traceback, or named another flag
+    **{name: (program, given if callable(given) else flags(*given), says) for name, (program, given, says) in {
+        "an infinite knob": (train, ["--algo", "opd", "--teacher", config.DEFAULT_MODEL, "--opd-alpha", "inf"],
+                             "opd_alpha=inf: must be a finite number"),
+        "an infinite field": (train, ["--entropy-coef", "inf"], "entropy_coef=inf: must be a finite number"),
+        "every term weighs 0": (train, ["--reward-terms", "correct=0"], "--reward-terms correct=0: every weight is 0"),
+        "an empty system prompt file": (
+            train, lambda tmp, out: ["--out", str(out), "--system-prompt", f"@{written(tmp, 'empty.txt', b'  ')}"],
+            "empty.txt is empty; write the system prompt in it, or drop --system-prompt"),
+        "a system prompt file not UTF-8": (
+            train, lambda tmp, out: ["--out", str(out), "--system-prompt",
+                                     f"@{written(tmp, 'latin.txt', 'Réponds'.encode('latin-1'))}"],
+            "latin.txt is not UTF-8 text (invalid continuation byte at byte 1)"),
+        "a system prompt beyond the context": (train, ["--system-prompt", "x" * 600],
+                                               "with its chat turns before it (--system-prompt's or the data row's)"),
+        "eval, no k": (evaluation, ["--k", ""], "eval_k is empty (--eval-k, eval.py's --k)"),
+        "the template's own kwargs": (train, ["--chat-template-kwargs", '{"tokenize": true}'],
+                                      "tokenize the project passes itself"),
+        "eval, the template's own kwargs": (evaluation, ["--chat-template-kwargs",
+                                                         '{"add_generation_prompt": false, "tools": []}'],
+                                            "add_generation_prompt, tools the project passes itself"),
+        "a teacher with fewer rows": (
+            train, lambda tmp, out: ["--out", str(out), "--algo", "opd", "--teacher", str(narrow_teacher(tmp))],
+            "narrow-teacher: its embedding has 40 rows, the student's"),
+        "eval, an unknown engine": (evaluation, ["--engine", "nosuch"], "engine='nosuch': choose one of hf, auto, fast"),
+        "a term's missing file": (train, ["--reward-terms", "correct,nowhere.py:f"],
+                                  "--reward-terms nowhere.py:f: no such file nowhere.py"),
+        "a term's missing function": (train, ["--reward-terms", "correct,examples/brevity.py:f"],
+                                      "--reward-terms examples/brevity.py:f: examples/brevity.py has no top-level "
+                                      "function f"),
+        "a term's signature": (
+            train, lambda tmp, out: ["--out", str(out), "--reward-terms",
+                                     f"correct,{written(tmp, 'sig.py', b'def f(text):  return 1')}:f"],
+            "sig.py:f: f(text) must take (prompt, response, answer)"),
+        "a term's failing import": (
+            train, lambda tmp, out: ["--out", str(out), "--reward-terms",
+                                     f"correct,{written(tmp, 'imp.py', IMPORT_FAILS)}:f"],
+            "imp.py:f: its worker did not start: importing"),
+    }.items()},
 }
+IMPORT_FAILS = b"import not_a_module_anywhere\ndef f(prompt, response, answer):\n    return 1\n"
+
+
+def written(tmp_path: Path, name: str, data: bytes) -> Path:
+    (tmp_path / name).write_bytes(data)
+    return tmp_path / name
+
+
+def narrow_teacher(tmp_path: Path) -> Path:
+    """The shipped model's folder with vocab_size 40 in its config: its tokenizer is the student's, its
+    embedding (as the config says, which is what is read before any weight) smaller."""
+    folder = shipped_copy(tmp_path, "narrow-teacher")
+    hf = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, "vocab_size": 40}))
+    return folder
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -110,3 +175,23 @@ def test_under_torchrun_said_once(case, two_rank_runs):
     assert said.keys() == {0, 1} and said[1] == "1", said
     assert said[0].startswith("error: ") and CASES[case][2] in said[0] and "\n" not in said[0], said
     assert not (two_rank_runs / name).exists() and not (two_rank_runs / f"{name}-files" / "a_file" / "run").exists()
+
+
+def test_a_yaml_date_in_the_template_kwargs_is_its_text(tmp_path):
+    """date_string: 2026-12-02 (a Qwen3 template kwarg) is a date to YAML: the template gets the text as written."""
+    (tmp_path / "c.yaml").write_text("chat_template_kwargs:\n  date_string: 2026-12-02\n")
+    assert config.parse_config(["--config", str(tmp_path / "c.yaml")]).chat_template_kwargs == {
+        "date_string": "2026-12-02"}
+
+
+def test_a_run_that_saved_no_checkpoint_says_how_to_start_again_in_its_folder(tmp_path):
+    """A run stopped before its first save leaves config.yaml and metrics.jsonl: the refusal names --resume auto,
+    and that command does start afresh there."""
+    import checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(checkpoint.CheckpointError, match=f"start it afresh there with --resume auto --out {run}"):
+        checkpoint.run_folder("", str(run), tmp_path / "default")
+    assert checkpoint.run_folder("auto", str(run), tmp_path / "default") == (run, None)
