@@ -29,6 +29,7 @@ Left out on purpose: tensor/pipeline parallelism, value models (PPO with a criti
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import random
@@ -283,7 +284,9 @@ def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old:
     if mismatch is not None and not dummy and batch.sampler_logp is not None:
         mismatch.append((old["logp"] - batch.sampler_logp)[inputs.mask > 0].cpu().numpy())
     # every rank sums the same metric names (a stand-in adds zeros) for the all-reduce
-    metrics.update({"loss/total": loss.detach(), "entropy/mean": entropy.detach()})
+    metrics.update({"loss/total": loss.detach(), "entropy/mean": entropy.detach(),
+                    "layout/real_tokens": batch.attention_mask.sum(), "layout/tensor_tokens": batch.input_ids.numel()
+                    if not cfg.pack else importlib.import_module("packing").packed_tokens(batch.attention_mask)})
     return {name: 0.0 if dummy else float(v) for name, v in metrics.items()}, old
 
 
@@ -329,7 +332,11 @@ def update_metrics(learner: Learner, *, episodes: list[Episode], sums: dict, ste
         out.update(mismatch_stats([d for part in gather_objects(mismatch, learner.world) for d in part]))
     out.update({"update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
                 # prompt and response tokens through the update's forwards, μ times
-                "tokens/forward": learner.cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids) for c in rows)})
+                "tokens/forward": learner.cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids) for c in rows),
+                # what the forwards' tensors hold beyond real tokens, and the busiest rank's tokens over the mean
+                "layout/padding_share": 1 - out["layout/real_tokens"] / out["layout/tensor_tokens"],
+                "layout/rank_spread": max(gather_objects(sums["layout/real_tokens"], learner.world))
+                * learner.world / (out["layout/real_tokens"] * steps)})
     return out
 
 
@@ -401,8 +408,10 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
         if cfg.max_tokens_per_micro_batch:  # sorted by response, then prompt length: little padding
             units.sort(key=lambda u: max((len(c.response_ids), len(c.prompt_ids)) for _, c in u))
             sizes = [padded_tokens(u) for u in units]
-        per_rank = [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
-                    for r in balanced_split(sizes, world)]
+        per_rank = (importlib.import_module("packing").share(units, world, cfg.micro_batch_size,  # --pack: by tokens
+                                                             cfg.max_tokens_per_micro_batch) if cfg.pack else
+                    [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+                     for r in balanced_split(sizes, world)])
         n_micro = max(1, max(len(m) for m in per_rank))
         mine = per_rank[rank] + [[] for _ in range(n_micro - len(per_rank[rank]))]
         out.append(([e for g in mb_groups for e in g], mine))
@@ -514,7 +523,7 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
 
         adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model,
                             dtype=weights_dtype(cfg, device), seed=cfg.seed)
-    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
+    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk, cfg.pack), mode=mode, world=world, device=device, dtype=dtype)
     if cfg.beta == 0 and not cfg.teacher:
         return lm, adapters, scorer, None
     if adapters is not None and not cfg.teacher:  # the base itself: no second copy of the weights
@@ -525,7 +534,7 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
     # (algos/opd.py) is this frozen scorer, loaded from --teacher: the loss reads its log-probs as the reference's
     ref_lm = load_model(cfg.teacher or cfg.model, dtype=weights_dtype(cfg, device), device=device,
                         trust_remote_code=cfg.trust_remote_code, trainable=False)
-    return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world,
+    return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk, cfg.pack), mode=mode, world=world,
                                       device=device, dtype=dtype, trainable=False)
 
 
