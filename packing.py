@@ -126,13 +126,14 @@ def row_tokens(unit: list) -> int:
     return sum(len(c.prompt_ids) + len(c.response_ids) for _, c in unit)
 
 
-def share(units: list[list], world: int, cap: int, max_tokens: int = 0) -> list[list[list]]:
+def share(units: list[list], world: int, cfg) -> list[list[list]]:
     """Units of (episode, chunk) rows -> each rank's micro-batches of rows. Units go to ranks by real
     tokens, the largest first, each to the rank with the fewest so far (LPT: within 4/3 of the best
     split; verl's balance_batch is Karmarkar–Karp); a rank's units, largest first, then fill
-    micro-batches of at most `cap` rows and, with max_tokens, that many real tokens (a unit is never
-    split; one over the budget goes alone). Units of 9, 5, 4 and 2 tokens on 2 ranks -> rank 0
-    [9, 2], rank 1 [5, 4] (11 and 9 tokens)."""
+    micro-batches of at most cfg.micro_batch_size rows and, with cfg.max_tokens_per_micro_batch, that
+    many real tokens (a unit is never split; one over the budget goes alone). Units of 9, 5, 4 and 2
+    tokens on 2 ranks -> rank 0 [9, 2], rank 1 [5, 4] (11 and 9 tokens)."""
+    cap, max_tokens = cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
     tokens = [row_tokens(u) for u in units]
     ranks, load = [[] for _ in range(world)], [0] * world
     for i in sorted(range(len(units)), key=lambda i: -tokens[i]):

@@ -327,17 +327,15 @@ def update_metrics(learner: Learner, *, episodes: list[Episode], sums: dict, ste
     """The update's metrics: the loss metrics averaged over optimizer steps and summed over ranks
     (each is already a share of its mini-batch), the sampler/trainer gap, and what was trained."""
     out = {k: v / steps for k, v in all_reduce_sum(sums, learner.device).items()}
-    rows = [c for e in episodes for c in e.rows()]
-    if all(c.sampler_logp for c in rows):  # the same answer on every rank
+    if all(c.sampler_logp for e in episodes for c in e.rows()):  # the same answer on every rank
         out.update(mismatch_stats([d for part in gather_objects(mismatch, learner.world) for d in part]))
-    out.update({"update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
-                # prompt and response tokens through the update's forwards, μ times
-                "tokens/forward": learner.cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids) for c in rows),
-                # what the forwards' tensors hold beyond real tokens, and the busiest rank's tokens over the mean
-                "layout/padding_share": 1 - out["layout/real_tokens"] / out["layout/tensor_tokens"],
-                "layout/rank_spread": max(gather_objects(sums["layout/real_tokens"], learner.world))
-                * learner.world / (out["layout/real_tokens"] * steps)})
-    return out
+    return {**out, "update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
+            # prompt and response tokens through the update's forwards (μ times), the share of padding in their
+            # tensors, and the busiest rank's real tokens over the mean
+            "tokens/forward": round(out["layout/real_tokens"] * steps),
+            "layout/padding_share": 1 - out["layout/real_tokens"] / out["layout/tensor_tokens"],
+            "layout/rank_spread": max(gather_objects(sums["layout/real_tokens"], learner.world)) * learner.world
+            / (out["layout/real_tokens"] * steps)}
 
 
 def balanced_split(sizes: list[int], parts: int, nonempty: bool = False) -> list[range]:
@@ -408,8 +406,7 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
         if cfg.max_tokens_per_micro_batch:  # sorted by response, then prompt length: little padding
             units.sort(key=lambda u: max((len(c.response_ids), len(c.prompt_ids)) for _, c in u))
             sizes = [padded_tokens(u) for u in units]
-        per_rank = (importlib.import_module("packing").share(units, world, cfg.micro_batch_size,  # --pack: by tokens
-                                                             cfg.max_tokens_per_micro_batch) if cfg.pack else
+        per_rank = (importlib.import_module("packing").share(units, world, cfg) if cfg.pack else  # by real tokens
                     [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
                      for r in balanced_split(sizes, world)])
         n_micro = max(1, max(len(m) for m in per_rank))

@@ -44,8 +44,6 @@ def rollout(cfg) -> list:
     from model import check_model_folder, load_model
     from rewards import grade_batch
     from rollout import Sampling, encode_prompts, generate
-    from tasks import PromptStream  # noqa: F401 - the stream the task hands out
-
     torch.manual_seed(0)
     task, problems, _ = data.load(cfg)
     tokenizer, _ = check_model_folder(cfg.model)
@@ -85,11 +83,13 @@ def child(rank: int, world: int, init: str, batches: str, repeats: int, out: str
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    from config import parse_config
     from model import load_tokenizer
     from train import learner_for, update
 
     results = {}
-    for name, (cfg, episodes) in pickle.loads(Path(batches).read_bytes()).items():
+    for name, (argv, episodes) in pickle.loads(Path(batches).read_bytes()).items():
+        cfg = parse_config(argv)
         tokenizer = load_tokenizer(cfg.model)
         learners = {pack: learner_for(replace(cfg, pack=pack), None, tokenizer, [episodes[0].problem], rank, world,
                                       torch.device("cpu"))[0] for pack in (False, True)}
@@ -114,15 +114,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per layout (the median is shown)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="process counts")
+    parser.add_argument("--rollouts", type=Path, help="a file that keeps the two rollouts (written if absent)")
     args = parser.parse_args()
     import torch.multiprocessing as mp
 
-    from config import Config, parse_config
-    base = Config()
-    delethink = parse_config(["--config", str(ROOT / "configs" / "tiny_delethink.yaml")])
-    default = rollout(base)
-    batches = {"default": (base, default), "long-tail": (base, long_tail(default)),
-               "delethink": (replace(delethink, mini_batches=1), rollout(delethink))}
+    from config import parse_config
+    markov = ["--config", str(ROOT / "configs" / "tiny_delethink.yaml"), "--mini-batches", "1"]
+    if args.rollouts and args.rollouts.is_file():
+        default, chunked = pickle.loads(args.rollouts.read_bytes())
+    else:
+        default, chunked = rollout(parse_config([])), rollout(parse_config(markov))
+        if args.rollouts:
+            args.rollouts.write_bytes(pickle.dumps((default, chunked)))
+    batches = {"default": ([], default), "long-tail": ([], long_tail(default)), "delethink": (markov, chunked)}
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "batches.pkl").write_bytes(pickle.dumps(batches))
         print(f"{'batch':10} {'ranks':>5} {'layout':>7} {'real tok':>9} {'tokens':>7} {'padding':>8} "

@@ -64,10 +64,11 @@ def unit(tokens: int) -> list:
 
 def test_share_balances_ranks_by_tokens_and_caps_micro_batches():
     units = [unit(n) for n in (9, 5, 4, 2)]
-    ranks = packing.share(units, 2, cap=8)
+    ranks = packing.share(units, 2, Config(micro_batch_size=8))
     assert [[packing.row_tokens(m) for m in micro] for micro in ranks] == [[11], [9]]
-    assert [len(m) for m in packing.share(units, 1, cap=3)[0]] == [3, 1]  # rows per micro-batch ≤ cap
-    assert [packing.row_tokens(m) for m in packing.share(units, 1, cap=8, max_tokens=10)[0]] == [9, 9, 2]
+    assert [len(m) for m in packing.share(units, 1, Config(micro_batch_size=3))[0]] == [3, 1]  # rows ≤ the cap
+    tokens = Config(micro_batch_size=8, max_tokens_per_micro_batch=10)
+    assert [packing.row_tokens(m) for m in packing.share(units, 1, tokens)[0]] == [9, 9, 2]
 
 
 def test_two_ranks_get_about_equal_tokens_from_long_tailed_rows():
@@ -76,7 +77,7 @@ def test_two_ranks_get_about_equal_tokens_from_long_tailed_rows():
     g = torch.Generator().manual_seed(0)
     lengths = (torch.rand(64, generator=g) ** 4 * 500 + 10).long().tolist()
     units = [unit(n) for n in lengths]
-    per_rank = [sum(packing.row_tokens(m) for m in micro) for micro in packing.share(units, 2, cap=64)]
+    per_rank = [sum(packing.row_tokens(m) for m in micro) for micro in packing.share(units, 2, Config())]
     assert max(per_rank) / (sum(per_rank) / 2) <= 4 / 3
     assert sum(per_rank) == sum(lengths)
 
