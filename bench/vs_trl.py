@@ -200,7 +200,8 @@ def main() -> None:
                           f"{median(got[FIRST_TIMED - 1:], 'time/step'):.3f} s/step", file=sys.stderr, flush=True)
     setting = {1: "1 process"}
     print(f"\nTRL {trl.__version__}; s/step (rollout + update, the update's share), medians of steps "
-          f"{FIRST_TIMED}-{args.steps} of {args.repeats} interleaved repeats; {time.perf_counter() - start:.0f} s in all\n")
+          f"{FIRST_TIMED}-{args.steps} of {args.repeats} interleaved repeats; "
+          f"{time.perf_counter() - start:.0f} s in all\n")
     names = [t.replace("TRL", "TRL GRPOTrainer") for t in trainers]
     print("| setting | " + " | ".join(names + [f"{t} / TRL" for t in ourselves]) + " |")
     print("|---" * (1 + len(trainers) + len(ourselves)) + "|")

@@ -5,7 +5,7 @@ Delethink chunks, multi-turn traces and a teacher), one mini-batch each, in this
 under DDP and FSDP2, LoRA, and 3 optimizer steps; then train.py itself under torchrun. Only the
 layout/ metrics, which say what the tensors held, may differ.
 """
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import pytest
@@ -91,8 +91,9 @@ def test_scorer_gives_the_padded_log_probs_entropy_vocab_mean_and_gradients(arch
     (window 4 here, so that it bites) and soft-capped logits."""
     lm = random_lm(arch, **({"sliding_window": 4} if arch == "gemma2" else {})).train()
     g = torch.Generator().manual_seed(1)
-    rows = [Chunk(torch.randint(2, 60, (int(p),), generator=g).tolist(), torch.randint(2, 60, (int(r),), generator=g).tolist())
-            for p, r in zip(torch.randint(2, 12, (4,), generator=g), torch.randint(1, 10, (4,), generator=g))]
+    lengths = zip(torch.randint(2, 12, (4,), generator=g).tolist(), torch.randint(1, 10, (4,), generator=g).tolist())
+    rows = [Chunk(torch.randint(2, 60, (p,), generator=g).tolist(), torch.randint(2, 60, (r,), generator=g).tolist())
+            for p, r in lengths]
     batch = collate(rows, 0, CPU)
     args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 0.7)
     padded, packed = (ResponseLogProbs(lm, pack=p)(*args, vocab_mean=True, entropy_grad=True) for p in (False, True))
@@ -142,7 +143,8 @@ def run(model_dir, cfg, rank=0, world=1, mode="ddp", steps=1, lr=1.0) -> tuple[d
     for _ in range(steps):
         metrics = update(learn, episodes_for(cfg))
     state = learn.lm.state_dict()
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}, metrics
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in state.items()}, metrics
 
 
 def assert_same(padded, packed, start) -> None:
@@ -195,7 +197,8 @@ STEPS = 3
 
 
 def two_rank_config(algo, over, micro):
-    return replace(config(algo, over, micro=micro), **({"lora_targets": "q_proj,v_proj"} if "lora_rank" in over else {}))
+    lora = {"lora_targets": "q_proj,v_proj"} if "lora_rank" in over else {}
+    return replace(config(algo, over, micro=micro), **lora)
 
 
 def on_two_ranks(rank, world, dirs) -> list:
@@ -227,3 +230,65 @@ def test_packed_on_two_ranks_equals_padded_on_one(case, random_model_dir, spawne
     assert_same(run(random_model_dir, cfg), two["one"], start)
     assert_same(run(random_model_dir, cfg, steps=STEPS, lr=0.1), two["three"], start)
     assert two["one"][1]["layout/rank_spread"] >= 1.0
+
+
+# ============================================================================ train.py, end to end
+
+E2E = {"default": [], "lora, fsdp": ["--lora-rank", "4", "--parallel", "fsdp"],
+       "delethink": ["--config", "configs/tiny_delethink.yaml", "--max-new-tokens", "16", "--max-chunks", "3"],
+       "tools": ["--config", "configs/tiny_grpo_tool.yaml", "--max-turns", "2"]}
+
+
+@pytest.mark.parametrize("name", E2E)
+@pytest.mark.slow
+def test_three_steps_of_train_py_packed_end_with_the_padded_weights(name, tmp_path):
+    """torchrun, 2 ranks, 3 steps of 4 prompts × 4 (AdamW, sampled rollouts) with and without --pack:
+    every logged value but the timings and the layout/ metrics agrees to 1e-5 relative, and so does
+    each saved weight tensor (to 1e-5 of its largest entry); the packed run's tensors held less padding."""
+    from safetensors.torch import load_file
+
+    from helpers import ROOT, metrics, torchrun
+    flags = [*E2E[name], "--max-steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "0",
+             "--save-every", "0"]
+    runs = {}
+    for pack in ("false", "true"):
+        out = tmp_path / pack
+        done = torchrun(str(ROOT / "train.py"), *flags, "--pack", pack, "--out", str(out), timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        saved = out / "checkpoints" / "step-3"
+        runs[pack] = metrics(out), load_file(str(next(saved.glob("*model.safetensors"))))  # LoRA: the adapters
+    (padded, wa), (packed, wb) = runs["false"], runs["true"]
+    assert [r["step"] for r in padded] == [r["step"] for r in packed] == [1, 2, 3]
+    for a, b in zip(padded, packed):
+        assert a.keys() == b.keys()
+        for k in a:
+            if not k.startswith(("time/", "layout/", "mismatch/")):
+                assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), (a["step"], k)
+        assert b["layout/padding_share"] < a["layout/padding_share"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max() <= 1e-5 * wa[k].abs().max(), k
+
+
+@pytest.mark.slow
+def test_the_cuda_kernel_flex_attention_gives_the_padded_log_probs_on_cpu(monkeypatch):
+    """packing.kernel's CUDA choice, flex attention with the document mask, run on CPU (compiled; CPU
+    flex attention has no backward, so a forward without gradients): the padded log-probs to 1e-5."""
+    lm = random_lm("llama").train()
+    rows = [Chunk([3 + i % 50 for i in range(p)], [7 + i % 40 for i in range(r)]) for p, r in ((5, 9), (2, 3), (8, 1))]
+    batch = collate(rows, 0, CPU)
+    args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, 1.0)
+    cuda_kernel, seen = packing.kernel, []
+
+    @contextmanager
+    def as_on_cuda(decoder, device):
+        with cuda_kernel(decoder, torch.device("cuda")):
+            seen.append(decoder.config._attn_implementation)
+            yield
+
+    monkeypatch.setattr(packing, "kernel", as_on_cuda)
+    with torch.no_grad():
+        padded = ResponseLogProbs(lm)(*args)
+        packed = ResponseLogProbs(lm, pack=True)(*args)
+    assert (padded["logp"] - packed["logp"]).abs().max() <= 1e-5 * padded["logp"].abs().max()
+    assert seen == ["flex_attention"] and lm.config._attn_implementation == "sdpa"  # and back after it
