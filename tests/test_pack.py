@@ -23,8 +23,8 @@ from test_invariance import CASES, METRIC_ABS, METRIC_REL, config, make_episodes
 from train import Learner, split_minibatches, update
 
 CPU = torch.device("cpu")
-# every registered method: test_invariance's cases, and GDPO, whose one term (correct) needs its reward in details
-ALL_CASES = [*CASES, ("gdpo", {})]
+# every registered method: test_invariance's cases, GDPO (its one term, correct, needs its reward in details) and SFT
+ALL_CASES = [*CASES, ("gdpo", {}), ("sft", {})]
 
 
 # ============================================================================ the layout
