@@ -74,6 +74,7 @@ class RunConfig:
     epochs: int = 1  # μ: passes over the rollout batch
     micro_batch_size: int = 64  # sequences per forward/backward on one rank (grad accumulation)
     max_tokens_per_micro_batch: int = 0  # also cap rows × padded length; rows sorted by length; 0 = off
+    pack: bool = False  # the update's rows packed end to end (no padding), ranks and micro-batches cut by real tokens (packing.py); max_tokens_per_micro_batch then counts real tokens
     rollout_batch_size: int = 0  # sequences per generate call per rank (whole groups); 0 = all at once
     # --- sampling (never inherited from the checkpoint's generation_config)
     temperature: float = 1.0  # rollout temperature τ; log-probs use z/τ too

@@ -280,17 +280,19 @@ class ResponseLogProbs(nn.Module):
     the ones that predict response token t (docs/math.md §0 alignment).
     """
 
-    def __init__(self, lm, chunk: int = 0):
+    def __init__(self, lm, chunk: int = 0, pack: bool = False):
         super().__init__()
-        self.lm, self.chunk = lm, logprob_chunk(chunk, lm.get_output_embeddings().weight.shape[0])
+        self.lm, self.chunk, self.pack = lm, logprob_chunk(chunk, lm.get_output_embeddings().weight.shape[0]), pack
         self.transform = LogitTransform.of(lm.config)
 
     def forward(self, input_ids, attention_mask, position_ids, response_mask, temperature: float,
                 vocab_mean: bool = False, entropy_grad: bool = False) -> dict:
         n, tr = response_mask.shape
         p = input_ids.shape[1] - tr
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                       position_ids=position_ids, use_cache=False).last_hidden_state
+        # --pack: the same hidden states, from the real tokens laid end to end (packing.py)
+        hidden = (importlib.import_module("packing").hidden(self.lm.get_decoder(), input_ids, attention_mask)
+                  if self.pack else self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                                          position_ids=position_ids, use_cache=False).last_hidden_state)
         valid = response_mask.bool()
         h = hidden[:, p - 1:p - 1 + tr][valid]  # [n_valid, H], predicting positions only
         targets = input_ids[:, p:][valid]

@@ -29,6 +29,7 @@ Left out on purpose: tensor/pipeline parallelism, value models (PPO with a criti
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import random
@@ -286,7 +287,9 @@ def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old:
     if mismatch is not None and not dummy and batch.sampler_logp is not None:
         mismatch.append((old["logp"] - batch.sampler_logp)[inputs.mask > 0].cpu().numpy())
     # every rank sums the same metric names (a stand-in adds zeros) for the all-reduce
-    metrics.update({"loss/total": loss.detach(), "entropy/mean": entropy.detach()})
+    metrics.update({"loss/total": loss.detach(), "entropy/mean": entropy.detach(),
+                    "layout/real_tokens": batch.attention_mask.sum(), "layout/tensor_tokens": batch.input_ids.numel()
+                    if not cfg.pack else importlib.import_module("packing").packed_tokens(batch.attention_mask)})
     return {name: 0.0 if dummy else float(v) for name, v in metrics.items()}, old
 
 
@@ -328,14 +331,16 @@ def update_metrics(learner: Learner, *, episodes: list[Episode], sums: dict, ste
     """The update's metrics: the loss metrics averaged over optimizer steps and summed over ranks
     (each is already a share of its mini-batch), the sampler/trainer gap, and what was trained."""
     out = {k: v / steps for k, v in all_reduce_sum(sums, learner.device).items()}
-    rows = [c for e in episodes for c in e.rows()]
-    if all(c.sampler_logp for c in rows):  # the same answer on every rank
+    if all(c.sampler_logp for e in episodes for c in e.rows()):  # the same answer on every rank
         out.update(mismatch_stats([d for part in gather_objects(mismatch, learner.world) for d in part]))
-    out.update({"update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
-                "update/nonfinite_skipped": learner.guard.skipped,
-                # prompt and response tokens through the update's forwards, μ times
-                "tokens/forward": learner.cfg.epochs * sum(len(c.prompt_ids) + len(c.response_ids) for c in rows)})
-    return out
+    return {**out, "update/skipped": 0.0, "update/responses": len(episodes), "update/optimizer_steps": steps,
+            "update/nonfinite_skipped": learner.guard.skipped,
+            # prompt and response tokens through the update's forwards (μ times), the share of padding in their
+            # tensors, and the busiest rank's real tokens over the mean
+            "tokens/forward": round(out["layout/real_tokens"] * steps),
+            "layout/padding_share": 1 - out["layout/real_tokens"] / out["layout/tensor_tokens"],
+            "layout/rank_spread": max(gather_objects(sums["layout/real_tokens"], learner.world)) * learner.world
+            / (out["layout/real_tokens"] * steps)}
 
 
 def balanced_split(sizes: list[int], parts: int, nonempty: bool = False) -> list[range]:
@@ -406,8 +411,9 @@ def split_minibatches(episodes: list[Episode], cfg: Config, rank: int, world: in
         if cfg.max_tokens_per_micro_batch:  # sorted by response, then prompt length: little padding
             units.sort(key=lambda u: max((len(c.response_ids), len(c.prompt_ids)) for _, c in u))
             sizes = [padded_tokens(u) for u in units]
-        per_rank = [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
-                    for r in balanced_split(sizes, world)]
+        per_rank = (importlib.import_module("packing").share(units, world, cfg) if cfg.pack else  # by real tokens
+                    [pack([units[i] for i in r], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+                     for r in balanced_split(sizes, world)])
         n_micro = max(1, max(len(m) for m in per_rank))
         mine = per_rank[rank] + [[] for _ in range(n_micro - len(per_rank[rank]))]
         out.append(([e for g in mb_groups for e in g], mine))
@@ -519,7 +525,7 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
 
         adapters = add_lora(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model,
                             dtype=weights_dtype(cfg, device), seed=cfg.seed)
-    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk), mode=mode, world=world, device=device, dtype=dtype)
+    scorer = wrap(ResponseLogProbs(lm, cfg.logprob_chunk, cfg.pack), mode=mode, world=world, device=device, dtype=dtype)
     if cfg.beta == 0 and not cfg.teacher:
         return lm, adapters, scorer, None
     if adapters is not None and not cfg.teacher:  # the base itself: no second copy of the weights
@@ -530,7 +536,7 @@ def models(cfg: Config, start: Path | None, tokenizer, train_problems, device, w
     # (algos/opd.py) is this frozen scorer, loaded from --teacher: the loss reads its log-probs as the reference's
     ref_lm = load_model(cfg.teacher or cfg.model, dtype=weights_dtype(cfg, device), device=device,
                         trust_remote_code=cfg.trust_remote_code, trainable=False)
-    return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk), mode=mode, world=world,
+    return lm, adapters, scorer, wrap(ResponseLogProbs(ref_lm, cfg.logprob_chunk, cfg.pack), mode=mode, world=world,
                                       device=device, dtype=dtype, trainable=False)
 
 

@@ -2,6 +2,7 @@
 
     pip install trl              # for this benchmark only; never a requirement of the project
     python bench/vs_trl.py       # ~4-5 minutes on 2 CPU cores: 3 repeats × 2 settings × 3 trainers
+    python bench/vs_trl.py --worlds 1 --trainers "ours hf" "ours hf --pack true" TRL   # with and without --pack
 
 The shipped tiny model (assets/tiny-running-sum), the built-in running-sum task, 16 prompts ×
 8 samples per step, ≤ 80 new tokens, temperature 1 (no top-k, no top-p), β = 0 (no reference
@@ -141,10 +142,12 @@ def run(cmd: list[str]) -> None:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-4000:]}")
 
 
-def ours(engine: str, world: int, folder: Path, steps: int) -> list[dict]:
+def ours(trainer: str, world: int, folder: Path, steps: int) -> list[dict]:
+    """A run of "ours ENGINE [FLAGS]": `--engine ENGINE`, FLAGS added (e.g. "ours hf --pack true")."""
     out = folder / "run"
+    engine, *flags = trainer.split()[1:]
     run(launcher(world) + ["train.py", "--max-steps", str(steps), "--eval-every", "0", "--out", str(out),
-                           "--engine", engine])
+                           "--engine", engine, *flags])
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -159,8 +162,9 @@ def median(rows: list[dict], key: str) -> float:
 
 
 def cell(rows: list[dict]) -> str:
+    """s/step (rollout + update, the update's share of the step)."""
     return (f"{median(rows, 'time/step'):.3f} ({median(rows, 'time/rollout'):.3f} + "
-            f"{median(rows, 'time/update'):.3f})")
+            f"{median(rows, 'time/update'):.3f}, {median(rows, 'time/update') / median(rows, 'time/step'):.0%})")
 
 
 def main() -> None:
@@ -168,6 +172,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every run")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run; steps 3.. are timed")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2], help="process counts to compare")
+    parser.add_argument("--trainers", nargs="+", default=["ours hf", "ours fast", "TRL"],
+                        help='what runs: TRL and "ours ENGINE [FLAGS]", e.g. "ours hf --pack true"')
     parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_child:
@@ -179,7 +185,7 @@ def main() -> None:
                  f"(for this benchmark only; the project never needs it)")
     if args.steps < FIRST_TIMED:
         sys.exit(f"--steps must be at least {FIRST_TIMED}")
-    trainers = ("ours hf", "ours fast", "TRL")
+    trainers, ourselves = args.trainers, [t for t in args.trainers if t != "TRL"]
     rows = {(w, t): [] for w in args.worlds for t in trainers}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,20 +194,22 @@ def main() -> None:
                 for t in trainers:
                     folder = Path(tmp) / f"{r}-{w}-{t.replace(' ', '-')}"
                     folder.mkdir()
-                    got = theirs(w, folder, args.steps) if t == "TRL" else ours(t.split()[1], w, folder, args.steps)
+                    got = theirs(w, folder, args.steps) if t == "TRL" else ours(t, w, folder, args.steps)
                     rows[w, t] += [x for x in got if x["step"] >= FIRST_TIMED]
                     print(f"repeat {r + 1}/{args.repeats}, {w} process(es), {t}: "
                           f"{median(got[FIRST_TIMED - 1:], 'time/step'):.3f} s/step", file=sys.stderr, flush=True)
     setting = {1: "1 process"}
-    print(f"\nTRL {trl.__version__}; s/step (rollout + update), medians of steps {FIRST_TIMED}-{args.steps} "
-          f"of {args.repeats} interleaved repeats; {time.perf_counter() - start:.0f} s in all\n")
-    print("| setting | ours hf | ours fast | TRL GRPOTrainer | ours hf / TRL | ours fast / TRL |")
-    print("|---|---|---|---|---|---|")
+    print(f"\nTRL {trl.__version__}; s/step (rollout + update, the update's share), medians of steps "
+          f"{FIRST_TIMED}-{args.steps} of {args.repeats} interleaved repeats; "
+          f"{time.perf_counter() - start:.0f} s in all\n")
+    names = [t.replace("TRL", "TRL GRPOTrainer") for t in trainers]
+    print("| setting | " + " | ".join(names + [f"{t} / TRL" for t in ourselves]) + " |")
+    print("|---" * (1 + len(trainers) + len(ourselves)) + "|")
     for w in args.worlds:
         trl_step = median(rows[w, "TRL"], "time/step")
-        print(f"| {setting.get(w, f'{w} ranks')} | {cell(rows[w, 'ours hf'])} | {cell(rows[w, 'ours fast'])} | "
-              f"{cell(rows[w, 'TRL'])} | {median(rows[w, 'ours hf'], 'time/step') / trl_step:.2f} | "
-              f"{median(rows[w, 'ours fast'], 'time/step') / trl_step:.2f} |")
+        print(f"| {setting.get(w, f'{w} ranks')} | " + " | ".join(
+            [cell(rows[w, t]) for t in trainers] + [f"{median(rows[w, t], 'time/step') / trl_step:.2f}"
+                                                     for t in ourselves]) + " |")
     print("\nmean completion length, tokens (mean over the timed steps): " + "; ".join(
         f"{setting.get(w, f'{w} ranks')}: " + ", ".join(
             f"{t} {statistics.mean(x['length/mean'] for x in rows[w, t]):.1f}" for t in trainers)

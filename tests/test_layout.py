@@ -24,16 +24,16 @@ def loaded(tmp_path_factory) -> tuple[dict[str, list[str]], Path]:
     interpreter (as a user runs train.py) that runs, in turn: a default step with its eval and its
     checkpoint ("train"); eval.py on the built-in held-out split, sampled and graded ("eval"); the
     rollout shapes of --env calculator's config ("flag"); the engine's slab for --engine fast ("fast").
-    engine.py counts as optional here: only --engine fast reads it. One interpreter for the three, since its start
-    is seconds of imports: a phase finds nothing optional loaded before it while the phases before it
-    load none, which the tests below check in order."""
+    engine.py and packing.py count as optional here: only --engine fast and --pack read them. One
+    interpreter for the three, since its start is seconds of imports: a phase finds nothing optional
+    loaded before it while the phases before it load none, which the tests below check in order."""
     tmp = tmp_path_factory.mktemp("layout")
     script = f"""import json, sys
 import config, eval, rollout, train
 from model import load_model, load_tokenizer
 seen = {{}}
 def loaded(phase):
-    seen[phase] = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r} or m == "engine")
+    seen[phase] = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r} or m in ("engine", "packing"))
 train.main(["--max-steps", "1", "--eval-every", "1", "--eval-problems", "4", "--prompts-per-step", "4",
             "--out", {str(tmp / "run")!r}])
 loaded("train")
@@ -57,7 +57,8 @@ HEALTH = ["extras", "extras.health"]  # the eval's verdict on the run so far (--
 @pytest.mark.slow
 def test_the_default_run_imports_no_optional_module(loaded):
     """A default step and its checkpoint load nothing from grading/, environments/ or extras/, nor
-    engine.py: HF generate samples (--engine auto); its eval loads extras/health.py alone."""
+    engine.py (HF generate samples: --engine auto), nor packing.py (--pack is off); its eval loads
+    extras/health.py alone."""
     phases, tmp = loaded
     assert phases["train"] == HEALTH
     assert (tmp / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
