@@ -235,16 +235,16 @@ def test_packed_on_two_ranks_equals_padded_on_one(case, random_model_dir, spawne
 # ============================================================================ train.py, end to end
 
 E2E = {"default": [], "lora, fsdp": ["--lora-rank", "4", "--parallel", "fsdp"],
-       "delethink": ["--config", "configs/tiny_delethink.yaml", "--max-new-tokens", "16", "--max-chunks", "3"],
+       "delethink": ["--config", "configs/tiny_delethink.yaml", "--max-chunks", "3"],
        "tools": ["--config", "configs/tiny_grpo_tool.yaml", "--max-turns", "2"]}
 
 
 @pytest.mark.parametrize("name", E2E)
-@pytest.mark.slow
+@pytest.mark.extended  # eight torchrun launches: CI's second part runs them (docs/testing.md)
 def test_three_steps_of_train_py_packed_end_with_the_padded_weights(name, tmp_path):
     """torchrun, 2 ranks, 3 steps of 4 prompts × 4 (AdamW, sampled rollouts) with and without --pack:
     every logged value but the timings and the layout/ metrics agrees to 1e-5 relative, and so does
-    each saved weight tensor (to 1e-5 of its largest entry); the packed run's tensors held less padding."""
+    each saved weight tensor (to 1e-5 of its largest entry)."""
     from safetensors.torch import load_file
 
     from helpers import ROOT, metrics, torchrun
@@ -264,7 +264,6 @@ def test_three_steps_of_train_py_packed_end_with_the_padded_weights(name, tmp_pa
         for k in a:
             if not k.startswith(("time/", "layout/", "mismatch/")):
                 assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), (a["step"], k)
-        assert b["layout/padding_share"] < a["layout/padding_share"]
     assert wa.keys() == wb.keys()
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() <= 1e-5 * wa[k].abs().max(), k
