@@ -197,6 +197,8 @@ def test_micro_batches_and_ranks_agree(case, random_model_dir, two_ranks):
         assert torch.allclose(base[k], two["params"][k], atol=1e-5), f"2 ranks differ at {k}"
     assert two["metrics"].keys() == base_metrics.keys()
     for k in base_metrics:  # loss, entropy, grad norm and each algorithm's own quantities
+        if k.startswith("layout/"):  # the tensors' shapes (padding, the ranks' spread) follow the split by design
+            continue
         assert two["metrics"][k] == pytest.approx(base_metrics[k], rel=METRIC_REL, abs=METRIC_ABS), k
 
 
