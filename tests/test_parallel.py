@@ -223,6 +223,8 @@ def test_fsdp_ddp_and_one_process_agree(algo, over, random_model_dir, two_ranks)
             assert torch.allclose(base[k], weights[k], atol=1e-5), f"{mode} differs at {k}"
         assert metrics.keys() == base_metrics.keys()
         for k in base_metrics:  # loss, entropy, grad norm (global over shards) and the algorithm's own
+            if k.startswith("layout/"):  # the tensors' shapes follow the ranks' split by design
+                continue
             assert metrics[k] == pytest.approx(base_metrics[k], rel=METRIC_REL, abs=METRIC_ABS), (mode, k)
 
 
@@ -250,6 +252,8 @@ def test_lora_gradients_agree_on_one_process_ddp_and_fsdp(case, two_ranks_lora, 
             gap = (weights[k] - base[k]).abs().max()
             assert gap <= 1e-6, f"{mode} differs at {k} by {gap:.2e}"
         for k in base_metrics:
+            if k.startswith("layout/"):  # the tensors' shapes follow the ranks' split by design
+                continue
             assert metrics[k] == pytest.approx(base_metrics[k], abs=1e-5), (mode, k)
 
 
