@@ -217,7 +217,8 @@ def on_two_ranks(rank, world, dirs) -> list:
 share_two_ranks("pack", on_two_ranks)
 
 
-@pytest.mark.parametrize("case", range(len(TWO_RANK)), ids=[f"{a}-{m}-{i}" for i, (a, _, m) in enumerate(TWO_RANK)])
+@pytest.mark.parametrize("case", [pytest.param(i, id=f"{a}-{m}-{i}", marks=[pytest.mark.needs("peft")] if "lora_rank" in o else [])
+                                  for i, (a, o, m) in enumerate(TWO_RANK)])  # LoRA's cases need peft
 @pytest.mark.slow
 def test_packed_on_two_ranks_equals_padded_on_one(case, random_model_dir, spawned_ranks):
     """Packed on 2 ranks (DDP or FSDP2, LoRA too) against padded on 1 process with micro-batch 12: one
