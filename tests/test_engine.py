@@ -228,6 +228,7 @@ def slab_copies(graph, capacity: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # inductor compiles C++ for tens of seconds on 2 cores; .ci/run runs it
 def test_the_kv_write_stays_in_place_under_inductor():
     """Inductor (the CUDA path's compiler, here on the CPU) keeps the step's KV write an in-place
     index_put_ into the slab buffer in every graph, when the live rows fill the slab and when they are
@@ -284,6 +285,7 @@ class Words:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # inductor compiles C++ for tens of seconds on 2 cores; .ci/run runs it
 def test_compiles_are_bounded_over_a_run(monkeypatch):
     """With the CUDA path's dynamo options (fullgraph=True, dynamic shapes, the same step; only the
     backend is eager), a run's sequence of calls compiles one graph per sampling mode and no more:
@@ -463,6 +465,7 @@ def launches_per_layer(arch: str, **config) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # inductor compiles C++ for tens of seconds on 2 cores; .ci/run runs it
 def test_a_compiled_layer_is_eleven_kernels():
     """A Qwen2 layer of the compiled step is 11 kernels on the CPU: RMSNorm (with the residual add
     before it), the q|k|v GEMM, q's and k's rotary with the KV write, attention as three (the scores'

@@ -276,6 +276,7 @@ def test_three_steps_of_train_py_packed_end_with_the_padded_weights(name, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # inductor compiles C++ for tens of seconds on 2 cores; .ci/run runs it
 def test_the_cuda_kernel_flex_attention_gives_the_padded_log_probs_on_cpu(monkeypatch):
     """packing.kernel's CUDA choice, flex attention with the document mask, run on CPU (compiled; CPU
     flex attention has no backward, so a forward without gradients): the padded log-probs to 1e-5."""

@@ -91,6 +91,7 @@ def test_the_file_equals_train_py_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 3 ranks on 2 cores: 40 s; 1 and 2 ranks stay in the README's line
 def test_the_file_equals_train_py_on_three_ranks(tmp_path):
     """A world size that is not a power of two: 12 prompts (16 do not split over 3 ranks)."""
     assert_same_run(*run_both(tmp_path, world=3, prompts=12))
