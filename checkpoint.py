@@ -36,8 +36,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
 from model import load_trainer_state, save_checkpoint, save_hf, unreadable
 from parallel import (all_reduce_sum, compute_dtype, full_state_dict, full_tensor, load_train_state, nonfinite,

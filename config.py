@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -616,7 +615,7 @@ def weights_problem(cfg: RunConfig, n: int) -> str:
             value = float(w)
         except ValueError:
             return f"--data-weights {cfg.data_weights}: {w!r} is not a number"
-        if not (math.isfinite(value) and value >= 0):
+        if not 0 <= value < float("inf"):  # False for nan too
             return f"--data-weights {cfg.data_weights}: {w} is not a share: every weight must be a finite number ≥ 0"
     if not any(float(w) for w in given):
         return f"--data-weights {cfg.data_weights}: every weight is 0, so no source would be sampled"

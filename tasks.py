@@ -8,7 +8,8 @@ is the `Task` base class below; `TASKS` names the built-in ones:
   "12+7=19 19+35=54 <answer>54</answer>". Knobs: number of terms, digits per term, so traces
   can be made as long as Markovian-thinking experiments need.
 - `countdown` (TinyZero format): reach a target with each given number used once; the grader
-  parses the arithmetic itself (never Python `eval` on model output).
+  parses the arithmetic itself (never Python `eval` on model output). Its task and grader are
+  grading/countdown.py's, read only by a countdown run.
 
 Any other `--data` is a data file (JSONL, a JSON list, parquet) in the usual schemas, read and
 graded by math-verify or by your own `--reward path/to/file.py:function` (grading/files.py), or a
@@ -20,11 +21,7 @@ here too: they wrap a task's problems before training (code RL's, `--code-templa
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
 import random
-import sys
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -169,42 +166,8 @@ class RunningSumTask(Task):
         return grade_running_sum(problem, response)
 
 
-COUNTDOWN_PROMPT = (
-    "Using the numbers {nums}, create an equation that equals {target}. You can use basic "
-    "arithmetic operations (+, -, *, /) and each number can only be used once. Show your work "
-    "in <think> </think> tags. And return the final answer in <answer> </answer> tags, for "
-    "example <answer> (1 + 2) / 3 </answer>.")
-
-
-class CountdownTask(Task):
-    """TinyZero countdown: 3-4 numbers in 1..99 and a target reachable with each used once."""
-
-    name = "countdown"
-
-    def sample(self, rng: random.Random) -> tuple[Problem, list[int]]:
-        while True:
-            nums = [rng.randint(1, 99) for _ in range(rng.randint(3, 4))]
-            vals = [Fraction(n) for n in nums]
-            while len(vals) > 1:  # combine two random values until one is left
-                a, b = vals.pop(rng.randrange(len(vals))), vals.pop(rng.randrange(len(vals)))
-                op = rng.choice("+-*/" if b else "+-*")
-                vals.append({"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0}[op])
-            target = vals[0]
-            if target.denominator == 1 and 0 < target < 1000:
-                prompt = COUNTDOWN_PROMPT.format(nums=nums, target=int(target))
-                return Problem(prompt=prompt, answer=json.dumps({"numbers": nums,
-                                                                  "target": int(target)})), nums
-
-    def grade(self, problem: Problem, response: str) -> Verdict:
-        from grading.countdown import grade_countdown  # its arithmetic parser is read only by countdown runs
-
-        return grade_countdown(problem, response)
-
-
-TASKS = {  # --data NAME -> the task, from the run's settings; a new built-in task is a class and a line here
-    "running_sum": lambda s: RunningSumTask(s["sum_min_terms"], s["sum_max_terms"], s["sum_digits"]),
-    "countdown": lambda s: CountdownTask(),
-}
+# the built-in --data names; data.make_task builds each: a new built-in task is a class, a name here and a line there
+TASKS = ("running_sum", "countdown")
 
 
 def domain_name(data: str) -> str:
@@ -225,6 +188,9 @@ def has_own_splits(data: str) -> bool:
 def load_task(spec: str) -> Task:
     """`path/to/file.py:Class` -> Class(), which must subclass Task. The file is imported into this
     process: it is code you wrote, like an algorithm file (a reward you want bounded is --reward)."""
+    import importlib.util  # only a file.py:Class task imports a file
+    import sys
+
     path, name = plugin_spec(spec)
     if not path.is_file():
         raise DataError(f"--data {spec}: no such file {path}")

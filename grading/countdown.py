@@ -1,4 +1,4 @@
-"""The countdown grader (`--data countdown`, tasks.CountdownTask) and the arithmetic it reads: `parse_arithmetic`,
+"""The countdown task and its grader (`--data countdown`, CountdownTask) and the arithmetic it reads: `parse_arithmetic`,
 a hand-written parser of + - * / ( ) over integers, exact and bounded, never Python's eval on model output
 (the calculator tool, environments/tools.py, evaluates with it too). Imported only by a run that grades
 countdown or calls the calculator, so the default run's reader never meets it.
@@ -6,10 +6,12 @@ countdown or calls the calculator, so the default run's reader never meets it.
 from __future__ import annotations
 
 import json
+import random
 import re
 from fractions import Fraction
 
 from rewards import Problem, Verdict, answer_window, extract_tag, grades_safely
+from tasks import Task
 
 # a correct countdown equation of four numbers below 100 is some 20 characters; 1,024 leaves room
 # for spaces and bounds the parser's work
@@ -31,6 +33,36 @@ def grade_countdown(problem: Problem, response: str) -> Verdict:
     # maj@n votes on the expression: two different correct equations are different answers
     return Verdict(float(sorted(used) == sorted(gold["numbers"]) and value == gold["target"]),
                    expr.replace(" ", ""))
+
+
+COUNTDOWN_PROMPT = (
+    "Using the numbers {nums}, create an equation that equals {target}. You can use basic "
+    "arithmetic operations (+, -, *, /) and each number can only be used once. Show your work "
+    "in <think> </think> tags. And return the final answer in <answer> </answer> tags, for "
+    "example <answer> (1 + 2) / 3 </answer>.")
+
+
+class CountdownTask(Task):
+    """TinyZero countdown: 3-4 numbers in 1..99 and a target reachable with each used once."""
+
+    name = "countdown"
+
+    def sample(self, rng: random.Random) -> tuple[Problem, list[int]]:
+        while True:
+            nums = [rng.randint(1, 99) for _ in range(rng.randint(3, 4))]
+            vals = [Fraction(n) for n in nums]
+            while len(vals) > 1:  # combine two random values until one is left
+                a, b = vals.pop(rng.randrange(len(vals))), vals.pop(rng.randrange(len(vals)))
+                op = rng.choice("+-*/" if b else "+-*")
+                vals.append({"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0}[op])
+            target = vals[0]
+            if target.denominator == 1 and 0 < target < 1000:
+                prompt = COUNTDOWN_PROMPT.format(nums=nums, target=int(target))
+                return Problem(prompt=prompt, answer=json.dumps({"numbers": nums,
+                                                                  "target": int(target)})), nums
+
+    def grade(self, problem: Problem, response: str) -> Verdict:
+        return grade_countdown(problem, response)
 
 
 class ExpressionError(ValueError):

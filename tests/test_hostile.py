@@ -22,9 +22,10 @@ import pytest
 import rewards
 from rewards import Problem, Verdict, extract_tag, grade_batch
 from grading import countdown, pool
+from grading.countdown import CountdownTask
 from grading.files import FileTask
 from grading.pool import MathGrader
-from tasks import CountdownTask, RunningSumTask
+from tasks import RunningSumTask
 
 MB = 1 << 20
 TASKS = {  # task, problem, its correct answer written plainly

@@ -5,11 +5,11 @@ import pytest
 
 from eval import pass_at_k
 from grading.math_answers import gold_answer
-from grading.countdown import parse_arithmetic
+from grading.countdown import CountdownTask, parse_arithmetic
 from rewards import DataError, Problem, Verdict, overlong_penalty
 from data import make_task
 from grading.files import load_file
-from tasks import CountdownTask, RunningSumTask, builtin_splits
+from tasks import RunningSumTask, builtin_splits
 
 
 def test_running_sum_solution_and_grader():
