@@ -147,15 +147,32 @@ def run(model_dir, cfg, rank=0, world=1, mode="ddp", steps=1, lr=1.0) -> tuple[d
             for k, v in state.items()}, metrics
 
 
+# A gradient is an fp32 sum of terms of both signs (advantages above and below their group's mean), whose
+# rounding scales with the terms, not with what is left of them. Regrouping those sums alone moves the
+# weights: DAPO's one update (case dapo-1), padded, with the head's log-probs taken 3 tokens at a time
+# instead of the automatic chunk (the same arithmetic in other groups, nothing else changed) lands 1.34e-5
+# of a tensor's largest change away, and packed 1.07e-5 (an AMD EPYC family 25 model 17; under 1e-5 on a
+# model 1). So twice that floor, rounded up: 3e-5. A packing bug is far above it: positions that run on
+# across a row (attention across sequence boundaries) put dapo-1's weights 1.7 of their change away.
+WEIGHT_REL = 3e-5
+
+
+def weight_gap(a: dict, b: dict, start: dict) -> float:
+    """The largest gap between two runs' weights over tensors, each relative to that tensor's largest change
+    from `start` (lr × its gradients, at least 1e-3), less the 2 ulps of fp32 that storing a weight of that
+    size rounds to (a weight near 1 holds a change only to 1.2e-7)."""
+    gaps = []
+    for k in a:
+        change = max((a[k] - start[k]).abs().max(), 1e-3)
+        ulps = 2 * torch.finfo(torch.float32).eps * a[k].abs().max()
+        gaps.append(float(((a[k] - b[k]).abs().max() - ulps).clamp(min=0) / change))
+    return max(gaps)
+
+
 def assert_same(padded, packed, start) -> None:
-    """Weights: each tensor's change from `start` (lr × its gradients) to 1e-5 relative to that tensor's
-    largest change, plus the 2 ulps of fp32 that storing a weight of that size rounds to (a weight near 1
-    holds a change only to 1.2e-7); metrics to test_invariance's tolerances, the layout/ ones excepted."""
+    """Weights to WEIGHT_REL (weight_gap); metrics to test_invariance's tolerances, the layout/ ones excepted."""
     (wa, ma), (wb, mb) = padded, packed
-    for k in wa:
-        change = (wa[k] - start[k]).abs().max()
-        ulps = 2 * torch.finfo(torch.float32).eps * wa[k].abs().max()
-        assert (wa[k] - wb[k]).abs().max() <= 1e-5 * max(change, 1e-3) + ulps, k
+    assert weight_gap(wa, wb, start) <= WEIGHT_REL
     assert ma.keys() == mb.keys()
     for k in ma:
         if not k.startswith("layout/"):
