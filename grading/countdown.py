@@ -1,7 +1,7 @@
-"""The countdown task and its grader (`--data countdown`, CountdownTask) and the arithmetic it reads: `parse_arithmetic`,
-a hand-written parser of + - * / ( ) over integers, exact and bounded, never Python's eval on model output
-(the calculator tool, environments/tools.py, evaluates with it too). Imported only by a run that grades
-countdown or calls the calculator, so the default run's reader never meets it.
+"""The countdown task (`--data countdown`, CountdownTask), its grader and the arithmetic it reads:
+`parse_arithmetic`, a hand-written parser of + - * / ( ) over integers, exact and bounded, never Python's
+eval on model output (the calculator tool, environments/tools.py, evaluates with it too). Imported only by
+a run that trains on or grades countdown or calls the calculator, so the default run's reader never meets it.
 """
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: seconds or more on 2 CPU cores (torchrun launches, subprocess training runs, "
-                   "compiles, many training steps, time limits); `python -m pytest -m \"not slow\" tests` "
-                   "leaves them out, CI runs them all")
+                   "compiles, many training steps, time limits, worker start-ups); "
+                   "`python -m pytest -m \"not slow\" tests` leaves them out, CI runs them all")
     config.addinivalue_line(
         "markers", "needs(package): the test uses an optional package (requirements.txt's comments) and skips "
                    "without it, naming the pip command; .ci/run installs them all and runs `-m needs` after the "
@@ -79,6 +79,16 @@ def qwen2_dir(tmp_path_factory) -> str:
     """A random 2-layer Qwen2 with attention dropout 0.5, no tokenizer (helpers.qwen2)."""
     from helpers import qwen2
     return qwen2(tmp_path_factory.mktemp("qwen2"))
+
+
+@pytest.fixture(scope="session")
+def math_grader():
+    """One math-verify worker at the defaults (--grade-timeout 10, --grade-cpu 4), shared by the tests that
+    only read verdicts: a worker's start and warm-up cost seconds, a verdict on a warm one milliseconds."""
+    from grading.pool import MathGraderPool
+    pool = MathGraderPool(workers=1)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="module")

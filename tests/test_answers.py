@@ -30,13 +30,6 @@ HANG = [sys.executable, str(FIXTURES / "hang_worker.py")]
 CASES = [json.loads(line) for line in (FIXTURES / "answer_cases.jsonl").read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def grader():
-    pool = MathGraderPool(timeout=10.0, workers=1)
-    yield pool
-    pool.close()
-
-
 def test_fixture_file_is_well_formed():
     assert len(CASES) >= 50 and len({c["id"] for c in CASES}) == len(CASES)
     for case in CASES:
@@ -47,8 +40,8 @@ def test_fixture_file_is_well_formed():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_answer_case(grader, case):
-    verdict = grader(case["response"], case["gold"])
+def test_answer_case(math_grader, case):
+    verdict = math_grader(case["response"], case["gold"])
     assert verdict.failure == "", verdict
     assert verdict.reward == case["expected"], (case, verdict)
 
@@ -91,7 +84,7 @@ BARE_IS_WRONG = {
 }
 
 
-def test_disagreements_with_bare_math_verify(grader):
+def test_disagreements_with_bare_math_verify(math_grader):
     """The project agrees with the bare library wherever the library is right: the cases where
     they differ are exactly BARE_IS_WRONG. (The stalling answers are not run bare: the library
     takes its 5 s timeout on each, or never returns.)"""
@@ -100,7 +93,7 @@ def test_disagreements_with_bare_math_verify(grader):
     differ = {}
     for case in CASES:
         bare = float(mv.verify(mv.parse(case["gold"]), mv.parse(case["response"])))
-        ours = grader(case["response"], case["gold"]).reward
+        ours = math_grader(case["response"], case["gold"]).reward
         if bare != ours:
             differ[case["id"]] = (bare, ours)
     assert set(differ) == set(BARE_IS_WRONG), differ
@@ -178,8 +171,8 @@ def test_every_step_word_makes_the_box_before_it_a_step():
     ("\\boxed{2}, which is not prime, and \\boxed{3}", 0.0),  # the list's price: "not" labels here, and cuts
     ("\\boxed{2} is incorrect, \\boxed{3}", 0.0),  # taken back: 3 alone (joined, it read {2, 3})
 ])
-def test_step_words_against_a_list_gold(grader, response, reward):
-    assert grader(response, "2, 3").reward == reward
+def test_step_words_against_a_list_gold(math_grader, response, reward):
+    assert math_grader(response, "2, 3").reward == reward
 
 
 @pytest.mark.parametrize("text,grouped", [("1,000", True), ("-12,345", True), ("1,234,567", True), ("0,111", False),
@@ -224,13 +217,13 @@ def test_the_closing_run_is_sent_apart_from_the_boxes():
     assert request["parts"] == ["(2, 2)", "(2, 2)", "(6, 2)"]
 
 
-def test_the_joined_run_is_bounded(grader):
+def test_the_joined_run_is_bounded(math_grader):
     """At most MAX_PARTS boxes, and MATH_ANSWER_CHARS in all: a megabyte of boxes sends the last
     MAX_PARTS; a run too long in all is read as its last box."""
     assert math_request("\\boxed{1}, " * 100_000 + "\\boxed{2}", "1, 2")["run"] == ["1"] * (MAX_PARTS - 1) + ["2"]
     long_part = "9" * (MATH_ANSWER_CHARS // 2)
-    assert grader(f"\\boxed{{{long_part}}}, \\boxed{{{long_part}}}, \\boxed{{1}}", "1, 2").answer == "1"
-    assert grader("\\boxed{1}, \\boxed{2}", "1, 2").answer == "{1, 2}"
+    assert math_grader(f"\\boxed{{{long_part}}}, \\boxed{{{long_part}}}, \\boxed{{1}}", "1, 2").answer == "1"
+    assert math_grader("\\boxed{1}, \\boxed{2}", "1, 2").answer == "{1, 2}"
 
 
 # ----------------------------------------------------------------------------- final-answer conventions
@@ -257,9 +250,9 @@ def test_stated_answer(text, answer):
     ("so \\boxed{5}. Final Answer: The final answer is $7$.", "2.2 a final answer stated after the last box",
      {"5": 0.0, "7": 1.0}),
 ])
-def test_what_a_statement_after_the_last_box_decides(grader, response, found, answers):
+def test_what_a_statement_after_the_last_box_decides(math_grader, response, found, answers):
     assert math_request(response, "5")["found"] == found
-    assert {gold: grader(response, gold).reward for gold in answers} == answers
+    assert {gold: math_grader(response, gold).reward for gold in answers} == answers
 
 
 @pytest.mark.parametrize("text", ["Q&A: see below", "the answers are below", "Answer: ", "Data: 5"])

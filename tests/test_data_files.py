@@ -293,12 +293,12 @@ def test_directory_is_not_a_data_file(tmp_path):
 # ----------------------------------------------------------------------------- grading
 
 @pytest.fixture(scope="module")
-def tasks():
-    """One FileTask per fixture (each starts one math-verify worker), closed at the end."""
+def tasks(math_grader):
+    """One FileTask per fixture, all graded by the session's one math-verify worker (conftest.math_grader)."""
     made = {name: make_task(str(fixture(name))) for name in NAMES}
-    yield made
     for task in made.values():
-        task.grader.close()
+        task.grader = math_grader
+    return made
 
 
 def _reference(name: str, gold: str) -> str:
@@ -485,15 +485,13 @@ def test_query_and_gt_rows_load(tmp_path):
     assert load_file(path) == [Problem(r["query"], r["gt"], id=str(r["idx"])) for r in rows]
 
 
-def test_qwen_answer_grades_what_its_gt_would_not(tmp_path):
+def test_qwen_answer_grades_what_its_gt_would_not(tmp_path, math_grader):
     """The time row: a right response scores 1 against its answer, 0 against Qwen's stripped gt "4:15p.."."""
-    task = make_task(str(fixture("qwen25_math")), grade_workers=1)
+    task = make_task(str(fixture("qwen25_math")))
+    task.grader = math_grader
     gt_only = load_file(_write(tmp_path, "gt.jsonl", json.dumps({"query": "q", "gt": "4:15p.."}) + "\n"))[0]
-    try:
-        response = "1:45 p.m. + 2:30 = $\\boxed{4:15 \\text{ p.m.}}$"
-        assert [task.grade(p, response).reward for p in (task.problems[2], gt_only)] == [1.0, 0.0]
-    finally:
-        task.close()
+    response = "1:45 p.m. + 2:30 = $\\boxed{4:15 \\text{ p.m.}}$"
+    assert [task.grade(p, response).reward for p in (task.problems[2], gt_only)] == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("row", [

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from grading.explain import explain_math, main
-from grading.pool import MathGraderPool
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CASES = {c["id"]: c for c in map(json.loads, (FIXTURES / "answer_cases.jsonl").read_text().splitlines()) if c}
@@ -25,13 +24,9 @@ def steps(gold: str, response: str) -> dict[str, str]:
     ("multi-one-at-a-time", "3.1 several parts"), ("list-pairs-quad", "3.2 a list written without boxes"),
     ("decimal-comma", "3.6 a decimal comma"),
 ])
-def test_the_verdict_is_the_graders_and_the_rule_is_named(case_id, rule):
+def test_the_verdict_is_the_graders_and_the_rule_is_named(case_id, rule, math_grader):
     case = CASES[case_id]
-    pool = MathGraderPool(workers=1)
-    try:
-        graded = pool(case["response"], case["gold"])
-    finally:
-        pool.close()
+    graded = math_grader(case["response"], case["gold"])
     shown = steps(case["gold"], case["response"])
     assert shown["verdict"].startswith(f"{graded.reward} ") and graded.reward == case["expected"]
     assert shown["rule"].startswith(rule) or f"; {rule}" in shown["rule"], shown["rule"]

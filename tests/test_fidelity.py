@@ -104,21 +104,19 @@ def test_answer_gate_grades_only_what_follows_it():
     assert seen == [" so the area is 42", "b</think> 42"]  # after the first gate, as the official split(tag, 1)
 
 
-def test_answer_gate_with_the_math_grader(tmp_path):
-    """The same through the math-verify workers of a file task: the fallback reads the last number."""
+def test_answer_gate_with_the_math_grader(tmp_path, math_grader):
+    """The same through the math-verify worker of a file task: the fallback reads the last number."""
     from rewards import Problem, grade_batch
     from grading.files import FileTask
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "area?", "answer": "42"}\n')
     task = FileTask(str(data), 10.0, 1, 60.0)
-    try:
-        p = Problem("area?", "42")
-        cut = "6 times 7 is 42, so the area is 42. Wait, but"
-        assert grade_batch(task, [(p, cut)])[0].reward == 1.0
-        gated = grade_batch(task, [(p, cut), (p, "hmm</think> The area is \\boxed{42}.")], answer_after="</think>")
-        assert [v.reward for v in gated] == [0.0, 1.0]
-    finally:
-        task.close()
+    task.grader = math_grader
+    p = Problem("area?", "42")
+    cut = "6 times 7 is 42, so the area is 42. Wait, but"
+    assert grade_batch(task, [(p, cut)])[0].reward == 1.0
+    gated = grade_batch(task, [(p, cut), (p, "hmm</think> The area is \\boxed{42}.")], answer_after="</think>")
+    assert [v.reward for v in gated] == [0.0, 1.0]
 
 
 def test_prompt_templates(tmp_path):

@@ -148,6 +148,7 @@ def test_yaml_and_presets_follow_the_same_rule(tmp_path):
         assert set(algo.preset) & set(algos.KNOBS) <= reads and set(algo.refuses) <= set(algos.KNOBS) - reads, name
 
 
+@pytest.mark.slow
 def test_a_run_imports_the_file_of_its_algorithm_alone():
     """parse_config and validate of --algo rover load algos/rover.py and the shared pieces, no other
     algorithm's file; its config holds the shared knobs and rover's own, and a default run's is grpo's and the

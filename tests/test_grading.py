@@ -154,7 +154,7 @@ def test_real_worker_times_out_on_a_hanging_answer_then_recovers():
         g.close()
 
 
-
+@pytest.mark.slow
 def test_a_warm_up_that_a_request_needs_is_timed_as_a_start():
     """What a worker says between "warming" and "warm" (the rest of the math worker's warm-up) is
     not the answer's: 2.5 s of it under a 1 s limit still gets the answer's verdict."""
@@ -272,6 +272,7 @@ def test_grade_batch_on_a_built_in_task_grades_in_order():
     assert grade_batch(RunningSumTask(), items) == [Verdict(1.0, "3"), Verdict(0.0, "5"), Verdict(0.0)]
 
 
+@pytest.mark.slow
 def test_grade_batch_on_a_file_task_keeps_order_and_verdicts(tmp_path):
     task = FileTask(_data_file(tmp_path, "48 + 24 = 72\n#### 72", "\\frac{1}{2}", "\\text{(C)}"), workers=2)
     clips, half, choice = task.problems

@@ -241,6 +241,7 @@ MATH_WORST = ("text_1MB_then_boxed", "power_tower", "googol_factorial", "digits_
               "nul_bytes_around", "lone_surrogates_around", "unclosed_boxes_1MB")
 
 
+@pytest.mark.slow
 def test_math_batch_of_128_worst_cases_within_the_budget(math_task):
     """128 of the worst math cases under a 5 s budget: the batch ends on time, what was graded is
     right, the rest is counted as a failure, and the next batch is graded normally."""
@@ -286,6 +287,7 @@ def patient_grader():
     grader.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id,response,gold", EXPLODING, ids=[c[0] for c in EXPLODING])
 def test_an_exploding_answer_ends_at_the_workers_own_bound(patient_grader, case_id, response, gold):
     patient_grader("\\boxed{1}", "1")  # the worker starts outside the timed part

@@ -93,16 +93,14 @@ BARE_IS_WRONG = {
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory):
-    """The project's verdict on each case, graded as a data file's rows are."""
+def verdicts(tmp_path_factory, math_grader):
+    """The project's verdict on each case, graded as a data file's rows are (by the session's math worker)."""
     path = tmp_path_factory.mktemp("mv") / "cases.jsonl"
     path.write_text("".join(json.dumps({"question": f"q{i}", "answer": case[1]}) + "\n"
                             for i, case in enumerate(CASES)))
-    task = make_task(str(path), grade_workers=2)
-    try:
-        graded = grade_batch(task, [(problem, case[2]) for problem, case in zip(task.problems, CASES)])
-    finally:
-        task.close()
+    task = make_task(str(path))
+    task.grader = math_grader
+    graded = grade_batch(task, [(problem, case[2]) for problem, case in zip(task.problems, CASES)])
     return {case[0]: verdict for case, verdict in zip(CASES, graded)}
 
 

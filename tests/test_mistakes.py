@@ -80,7 +80,9 @@ CASES = {
             train, lambda tmp, out: ["--out", str(out), "--system-prompt",
                                      f"@{written(tmp, 'latin.txt', 'Réponds'.encode('latin-1'))}"],
             "latin.txt is not UTF-8 text (invalid continuation byte at byte 1)"),
-        "a system prompt beyond the context": (train, ["--system-prompt", "x" * 600],
+        # on a file of 64 rows: the task's own 20,500 prompts would each be tokenized, seconds for the same line
+        "a system prompt beyond the context": (train, ["--system-prompt", "x" * 600, "--data", "examples/sums.jsonl",
+                                                       "--eval-every", "0"],
                                                "with its chat turns before it (--system-prompt's or the data row's)"),
         "eval, no k": (evaluation, ["--k", ""], "eval_k is empty (--eval-k, eval.py's --k)"),
         "the template's own kwargs": (train, ["--chat-template-kwargs", '{"tokenize": true}'],

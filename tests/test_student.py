@@ -52,15 +52,19 @@ def test_the_file_is_one_sitting_and_imports_only_the_task():
 def run_both(tmp_path: Path, world: int, prompts: int = 16) -> tuple[Path, Path]:
     """(the file's folder, train.py's folder) after two steps of each on `world` ranks."""
     mine, theirs = tmp_path / "file", tmp_path / "train"
-    for script, flags, out in ((FILE, [*FILE_FLAGS, "--prompts", str(prompts)], mine),
-                               (ROOT / "train.py", [*TRAIN_FLAGS, "--prompts-per-step", str(prompts)], theirs)):
-        args = [str(script), *flags, "--out", str(out)]
-        if world == 1:  # one thread, as each of two ranks has: a process of 2 threads on 2 busy cores crawls
-            done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-        else:
+    runs = [[str(script), *flags, "--out", str(out)]
+            for script, flags, out in ((FILE, [*FILE_FLAGS, "--prompts", str(prompts)], mine),
+                                       (ROOT / "train.py", [*TRAIN_FLAGS, "--prompts-per-step", str(prompts)], theirs))]
+    if world == 1:  # the two at once, on one thread each, as each of two ranks has: one a core
+        started = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for args in runs]
+        for process in started:
+            stderr = process.communicate(timeout=600)[1]
+            assert process.returncode == 0, stderr[-3000:]
+    else:
+        for args in runs:
             done = torchrun(*args, nproc=world, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+            assert done.returncode == 0, done.stderr[-3000:]
     return mine, theirs
 
 

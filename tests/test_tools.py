@@ -142,6 +142,7 @@ def scripted_turns(monkeypatch, tok, turns: list[str]):
     monkeypatch.setattr(rollout, "sample", sample)
 
 
+@pytest.mark.slow
 def test_the_two_tool_example_in_a_worker_answers_two_calls_with_two_tool_messages(monkeypatch):
     """Adder as `--env examples/env_two_tools.py:Adder` (a worker process), Qwen2.5's template: turn 1 calls
     both tools; turn 2's context holds both outputs, in order, as two <tool_response> blocks of one user
@@ -179,6 +180,7 @@ def test_a_built_in_tools_schema_is_in_the_rendered_prompt():
     assert tok.decode(query) == f"<|system|>Tools: {schema}<eos><|user|>Add 4821+9377<eos><|assistant|>"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source,message", [
     ("def f(x: int) -> int:\n    '''No Args section.'''\n    return x\n",
      "tools: DocstringParsingException: Cannot generate JSON schema for f because the docstring has no description "
@@ -200,6 +202,7 @@ def test_a_bad_tool_fails_the_start_up_check_in_one_line_naming_the_file(tmp_pat
         env.close()
 
 
+@pytest.mark.slow
 def test_a_users_subclass_of_a_built_in_tool_runs_in_its_worker_as_the_built_in_does(tmp_path):
     """A user's class that subclasses Calculator, in a worker: described with the calculator's schema, stop
     string, plain frame and done reason; a turn's two <calc> calls both run there and come back as two

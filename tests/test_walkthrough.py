@@ -9,6 +9,7 @@ write instead, and the map cannot go stale silently.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -27,10 +28,15 @@ def anchors() -> list[tuple[str, str, int, int]]:
     return found
 
 
+@functools.cache
+def parsed(file: str) -> ast.Module:
+    return ast.parse((ROOT / file).read_text())
+
+
 def span(file: str, name: str) -> tuple[int, int] | None:
     """(first, last) line of the definition `name` in `file` ("Class.method" for a method), decorators
     included; None when there is none."""
-    scope = ast.parse((ROOT / file).read_text()).body
+    scope = parsed(file).body
     node = None
     for part in name.split("."):
         node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
