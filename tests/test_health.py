@@ -27,6 +27,7 @@ FAILURES = {
     "collapse": "collapse",
     "sapo_collapse": "collapse",  # docs/measured.md's own failures, re-run
     "pacs_collapse": "collapse",
+    "lora_collapse": "collapse",
     "grad_norm": "grad-norm",
     "mismatch": "mismatch",
 }
