@@ -257,39 +257,41 @@ E2E = {"default": [], "lora, fsdp": ["--lora-rank", "4", "--parallel", "fsdp"],
        "tools": ["--config", "configs/tiny_grpo_tool.yaml", "--max-turns", "2"]}
 
 
-# LoRA under FSDP: after 3 AdamW steps one lora_A entry is 5.2e-6 apart (5e-5 of the tensor's largest), over the
-# bound; the one-update equality on 2 ranks holds (test_packed_on_two_ranks_equals_padded_on_one). Open (issue 70).
-LORA_FSDP_GAP = pytest.mark.xfail(reason="LoRA + FSDP drifts 5e-5 relative over 3 AdamW steps packed (issue 70)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=LORA_FSDP_GAP) if n == "lora, fsdp" else n for n in E2E])
-@pytest.mark.extended  # eight torchrun launches: CI's second part runs them (docs/testing.md)
+# AdamW steps every element by about lr whatever its gradient's size, so an element whose gradient is mostly
+# cancellation carries that sum's rounding into its step: over 3 steps the same padded run cut into micro-batches
+# of 2 rows lands as far from itself as the packed one (LoRA + FSDP, 2026-12-04: 2.3e-4 of a tensor's largest
+# entry, packed 1.8e-4; lora_A is small, its lr × 10), where SGD agrees to WEIGHT_REL
+# (test_packed_on_two_ranks_equals_padded_on_one). That regrouped run is each case's floor.
+@pytest.mark.parametrize("name", E2E)
+@pytest.mark.extended  # twelve torchrun launches: CI's second part runs them (docs/testing.md)
 def test_three_steps_of_train_py_packed_end_with_the_padded_weights(name, tmp_path):
     """torchrun, 2 ranks, 3 steps of 4 prompts × 4 (AdamW, sampled rollouts) with and without --pack:
-    every logged value but the timings and the layout/ metrics agrees to 1e-5 relative, and so does
-    each saved weight tensor (to 1e-5 of its largest entry)."""
+    every logged value but the timings and the layout/ metrics agrees to 1e-5 relative, and each saved
+    weight tensor to 1e-5 of its largest entry or to twice the floor, whichever is larger."""
     from safetensors.torch import load_file
 
     from helpers import ROOT, metrics, torchrun
     flags = [*E2E[name], "--max-steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "0",
              "--save-every", "0"]
     runs = {}
-    for pack in ("false", "true"):
-        out = tmp_path / pack
-        done = torchrun(str(ROOT / "train.py"), *flags, "--pack", pack, "--out", str(out), timeout=900)
+    for run_name, extra in (("padded", ["--pack", "false"]), ("packed", ["--pack", "true"]),
+                            ("regrouped", ["--pack", "false", "--micro-batch-size", "2"])):
+        out = tmp_path / run_name
+        done = torchrun(str(ROOT / "train.py"), *flags, *extra, "--out", str(out), timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         saved = out / "checkpoints" / "step-3"
-        runs[pack] = metrics(out), load_file(str(next(saved.glob("*model.safetensors"))))  # LoRA: the adapters
-    (padded, wa), (packed, wb) = runs["false"], runs["true"]
+        runs[run_name] = metrics(out), load_file(str(next(saved.glob("*model.safetensors"))))  # LoRA: the adapters
+    (padded, wa), (packed, wb), (_, wr) = runs["padded"], runs["packed"], runs["regrouped"]
     assert [r["step"] for r in padded] == [r["step"] for r in packed] == [1, 2, 3]
     for a, b in zip(padded, packed):
         assert a.keys() == b.keys()
         for k in a:
             if not k.startswith(("time/", "layout/", "mismatch/")):
                 assert b[k] == pytest.approx(a[k], rel=1e-5, abs=2e-6), (a["step"], k)  # abs: metrics.jsonl rounds to 6 decimals
-    assert wa.keys() == wb.keys()
+    assert wa.keys() == wb.keys() == wr.keys()
+    floor = max(float((wa[k] - wr[k]).abs().max() / wa[k].abs().max()) for k in wa)
     for k in wa:
-        assert (wa[k] - wb[k]).abs().max() <= 1e-5 * wa[k].abs().max(), k
+        assert (wa[k] - wb[k]).abs().max() <= max(1e-5, 2 * floor) * wa[k].abs().max(), (k, floor)
 
 
 @pytest.mark.slow
