@@ -515,10 +515,13 @@ def main(argv=None) -> None:
     failed = False
     for folder in args.runs:
         try:
-            print(report(read_run(folder)))
+            print(report(read_run(folder)), flush=True)
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             failed = True
+        except BrokenPipeError:  # `... | head` has read what it wanted: stop quietly, as cat does
+            sys.stdout = None
+            sys.exit(0)
     sys.exit(1 if failed else 0)
 
 

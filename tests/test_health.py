@@ -166,3 +166,16 @@ def test_the_run_says_its_verdict_at_each_eval_and_writes_it_to_tensorboard(tmp_
     assert "health at the end, step 2: healthy — 2 steps read" in said.out + said.err
     events = b"".join(p.read_bytes() for p in (tmp_path / "run").glob("events.out.tfevents.*"))
     assert b"health/text_summary" in events
+
+
+def test_a_reader_piped_into_head_stops_without_a_traceback():
+    """`python -m extras.health RUN ... | head -1`: the pipe closes after the first line; the reader stops quietly."""
+    import subprocess
+    import sys
+    folders = [str(FIXTURES / name) for name in sorted(FAILURES)] * 10  # 190 KB: more than a pipe holds
+    reader = subprocess.Popen([sys.executable, "-m", "extras.health", *folders], cwd=FIXTURES.parents[2],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = reader.stdout.readline()
+    reader.stdout.close()  # as head does after its line
+    stderr = reader.stderr.read().decode()
+    assert reader.wait(timeout=60) == 0 and first and "Traceback" not in stderr and "Exception" not in stderr, stderr
