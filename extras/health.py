@@ -341,15 +341,15 @@ def length_hacking(run: Run) -> list[Finding]:
                     "length-hacking")]
 
 
-# metrics whose median over the last window has a ceiling: (metric, ceiling, symptom, healthy range, causes,
-# knobs, section)
+# metrics whose median over the last window has a ceiling: (metric, ceiling, the algorithms it is not read for,
+# symptom, healthy range, causes, knobs, section)
 CEILINGS = (
-    ("pg/clipfrac", CLIPFRAC, "clip fraction out of range: the clip binds far more than in healthy runs",
+    ("pg/clipfrac", CLIPFRAC, OTHER_CLIPS, "clip fraction out of range: the clip binds far more than in healthy runs",
      "0 with one optimizer step per batch, ≤ 0.0006 with tiny_clip_cov's K = 4",
      "each optimizer step moves the policy far from the one that sampled: the learning rate too high for K "
      "mini-batches × μ epochs per rollout batch, or a clip range too narrow",
      "--lr, fewer --mini-batches or --epochs, --clip-low and --clip-high (0.2 each by default)", "clip-fraction"),
-    ("grad/norm", GRAD_NORM, "gradient norm out of range",
+    ("grad/norm", GRAD_NORM, OWN_GRAD_SCALE, "gradient norm out of range",
      "≤ 0.32 over a window on the default run (2.09 a step), ≤ 1.24 at 4 prompts a step; before --grad-clip",
      "rewards on a scale the advantage does not normalise (--adv-norm none with large rewards), the policy leaving "
      "the region the learning rate suits (a collapse on its way)",
@@ -359,8 +359,8 @@ CEILINGS = (
 
 def ceilings(run: Run) -> list[Finding]:
     found = []
-    for key, ceiling, symptom, healthy, causes, knobs, section in CEILINGS:
-        if run.cfg("algo", "grpo") in {"pg/clipfrac": OTHER_CLIPS, "grad/norm": OWN_GRAD_SCALE}[key]:
+    for key, ceiling, not_read_for, symptom, healthy, causes, knobs, section in CEILINGS:
+        if run.cfg("algo", "grpo") in not_read_for:
             continue
         level, span = last_window(run, key, median)
         if level > ceiling:
