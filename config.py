@@ -98,7 +98,7 @@ class RunConfig:
     lora_lr_scale: float = 10.0  # with LoRA the learning rate is lr × this (LoRA Without Regret: the best LoRA lr is ~10× full fine-tuning's)
     lora_save_merged: bool = False  # with LoRA every checkpoint also holds the merged HF weights (merged/); the last one always does
     # --- any algorithm (each algorithm's own knobs come from algos/, see Config below)
-    entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy
+    entropy_coef: float = 0.0  # entropy bonus, any algorithm: loss −= c · token-mean entropy (c < 0: a penalty)
     train_on: str = "all"  # responses the update keeps: all | correct (PSR) | incorrect (NSR)
     # --- Markovian thinking (Delethink, docs/math.md §5; environments/markovian.py), with any algorithm but PACS and GSPO
     max_chunks: int = 1  # I: chunks of max_new_tokens (C) per trace, context reset between; 1 = plain

@@ -272,7 +272,7 @@ def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old:
     rows = rows or stand_in(mb_episodes)
     batch, args = collate_rows(learner, rows)
     with grad_sync(learner.scorer, sync), learner.autocast():
-        out = learner.scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean, entropy_grad=cfg.entropy_coef > 0)
+        out = learner.scorer(*args, cfg.temperature, vocab_mean=algo.vocab_mean, entropy_grad=cfg.entropy_coef != 0)
         if old is None:
             old = {name: v.detach() for name, v in out.items()}
         inputs = loss_inputs(learner, rows=rows, batch=batch, out=out, old=old, ref_logp=ref_logp, flags=flags)
@@ -280,7 +280,7 @@ def micro_step(learner: Learner, *, rows: list, mb_episodes: list[Episode], old:
         if inputs.high_entropy is not None:  # the share of valid tokens that carry the policy loss
             metrics["entropy/high_frac"] = (inputs.mask * inputs.high_entropy).sum() / max(totals["tokens"], 1)
         entropy = (inputs.mask * out["entropy"]).sum() / max(totals["tokens"], 1)
-        if cfg.entropy_coef > 0:
+        if cfg.entropy_coef:  # a bonus, or below 0 a penalty (entropy minimisation)
             loss = loss - cfg.entropy_coef * entropy
         # the loss is already a share of the global mini-batch: ranks' gradients add (parallel.wrap sums)
         (out["logp"].sum() * 0.0 if dummy else loss).backward()

@@ -82,6 +82,19 @@ def test_two_ranks_get_about_equal_tokens_from_long_tailed_rows():
     assert sum(per_rank) == sum(lengths)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_long_tail_on_one_rank_packs_within_five_percent_of_its_real_tokens(seed):
+    """128 rows (prompts of 20, responses of 8 + 392·u⁴), micro-batches of 64: in runs of consecutive
+    rows one micro-batch holds the 64 shortest, whose narrow width leaves each its own packed row
+    (7-13% more tokens than real on these seeds); spread, short rows fill the long rows' packed rows."""
+    g = torch.Generator().manual_seed(seed)
+    units = [[(None, Chunk([5] * 20, [6] * int(8 + 392 * u ** 4)))] for u in torch.rand(128, generator=g).tolist()]
+    (micro,) = packing.share(units, 1, Config(micro_batch_size=64))
+    assert sorted(map(id, (u[0] for u in units))) == sorted(id(row) for m in micro for row in m)
+    assert max(len(m) for m in micro) <= 64
+    assert sum(packing.micro_size(m) for m in micro) <= 1.05 * sum(packing.row_tokens(u) for u in units)
+
+
 # ============================================================================ the scorer
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
