@@ -30,6 +30,7 @@ FAILURES = {
     "lora_collapse": "collapse",
     "grad_norm": "grad-norm",
     "mismatch": "mismatch",
+    "eval_cannot_tell": "eval-cannot-tell",  # a note: 30 held-out problems, 1 sample each
 }
 HEALTHY = ("default_s0", "default_s1", "default_s2")  # the default run's seeds, each to its 150th step
 # every CPU recipe, configs/tiny_*.yaml, shortened to 10 steps at 4 prompts a step (fixtures/health/README.md)
@@ -48,6 +49,14 @@ def test_the_default_run_raises_nothing_above_a_note(name):
     run = health.read_run(FIXTURES / name)
     assert [f.line() for f in health.findings(run) if f.severity != "note"] == []
     assert health.report(run).splitlines()[0].startswith(f"{FIXTURES / name}: healthy — 150 steps read, reward ")
+
+
+def test_the_same_run_with_the_default_eval_tells():
+    """eval_cannot_tell's 40 steps again with the default eval (200 problems × 4 samples): the same training
+    reward (the eval samples on its own stream), 56.2% ± 2.7 → 72.0% ± 2.6, outside ±7.4 points: no note."""
+    small, full = (health.read_run(FIXTURES / name) for name in ("eval_cannot_tell", "eval_tells"))
+    assert [r["reward/mean"] for r in small.train] == [r["reward/mean"] for r in full.train]
+    assert health.findings(full) == []
 
 
 @pytest.mark.parametrize("name", RECIPES)
