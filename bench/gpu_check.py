@@ -3,8 +3,8 @@ earns its place and where its time goes: how long its step takes to compile at d
 training step costs with it against HF `generate` (what `--engine auto` on CUDA waits for), how close
 it decodes to the hardware's limits, whether it writes what `generate` writes. The parts, in order:
 
-    timeout 420 python bench/gpu_check.py             # probe, train, decode, agree, as far as WINDOW goes
-    python bench/gpu_check.py --parts decode,agree    # chosen parts: probe, train, decode, agree, rng, lora, vllm
+    timeout 420 python bench/gpu_check.py             # probe, train, pack, decode, agree, as far as WINDOW goes
+    python bench/gpu_check.py --parts decode,agree    # chosen parts: probe, train, pack, decode, agree, rng, lora, vllm
     python bench/gpu_check.py --skip agree --caps decode=300   # a part left out; a part's cap in seconds
     python bench/gpu_check.py --device cpu --quick    # the parts tiny on CPU: the test suite's smoke run
 
@@ -26,6 +26,12 @@ download), bf16 on the GPU. Without CUDA it stops at once, saying so, with statu
   (memory/rollout_peak_gib, memory/update_peak_gib) against the plan's (extras.plan.estimate);
   then the table that decides `--engine auto` on CUDA: both engines step by step, and fast's step
   over hf's, compiling left out, over steps 2-3.
+- pack: the update alone (train.update) with the recipe's settings at the shape, padded against
+  --pack (issue 70), on 8 prompts × 8 of a math run's lengths (bench/pack.py's long tail: 8 +
+  248·u⁴ response tokens): per layout the median seconds of 3 interleaved updates after an untimed
+  one (--pack's first compiles flex attention), the forwards' tensor tokens, padding share and peak
+  GiB, and packed over padded. (The train part's random model writes every row to the budget, so its
+  rollouts hold no padding to save.)
 - decode: bench/decode_bound.py's bound regime (the bare bf16 model, every row writes every token)
   on the whole shape, batch 64 and 256, prompt 128, 64 new tokens: each engine's tokens/s as a
   fraction of the roofline and of the memory-bandwidth bound; the engine's calls that found the slab
@@ -163,10 +169,7 @@ def train_run(name: str, extra: list[str], quick: bool, out: Path, cap: float, k
     step's rollout and update seconds printed, and its (data, lines) so far handed to kept(), as it
     ends; stopped past `cap` seconds, recorded with what it measured and the error."""
     import gpu_run
-    model_dir = out.parent / f"{out.stem}-{SHAPE}{'-quick' if quick else ''}"
-    if not (model_dir / "tokenizer_config.json").is_file():  # written last: a build cut short is built again
-        gpu_run.build(SHAPE, model_dir, 2 if quick else 0, **widths(quick))
-    flags = gpu_run.recipe_flags(model_dir, 3, 16 if quick else 256, 2 if quick else 8) + RECIPE + extra
+    flags = gpu_run.recipe_flags(shape_model(out, quick), 3, 16 if quick else 256, 2 if quick else 8) + RECIPE + extra
     run, rows, error, plan = out.parent / f"{out.stem}-{name}", [], None, gpu_run.plan_peaks(flags)
     shutil.rmtree(run, ignore_errors=True)
 
@@ -188,6 +191,15 @@ def train_run(name: str, extra: list[str], quick: bool, out: Path, cap: float, k
         data["error"] = error
         lines.append((f"{name}: failed after {len(rows)} steps", error.splitlines()[0]))
     return data, lines
+
+
+def shape_model(out: Path, quick: bool) -> Path:
+    """The folder of the shape's random model (bench/gpu_run.build), built once for every part that trains."""
+    import gpu_run
+    model_dir = out.parent / f"{out.stem}-{SHAPE}{'-quick' if quick else ''}"
+    if not (model_dir / "tokenizer_config.json").is_file():  # written last: a build cut short is built again
+        gpu_run.build(SHAPE, model_dir, 2 if quick else 0, **widths(quick))
+    return model_dir
 
 
 def summary(steps: list[dict], plan: dict) -> dict:
@@ -287,6 +299,64 @@ def finished(data: dict, lines: list, run: dict, keep) -> tuple[dict, list]:
     if "error" in run:
         keep(data, lines)
         raise RuntimeError(run["error"])
+    return data, lines
+
+
+# ----------------------------------------------------------------------------- pack
+
+def pack(device, quick: bool, out: Path, keep):
+    """The update alone (train.update: forwards, backwards, AdamW), padded against --pack, with the
+    recipe's settings at the shape (FSDP world 1, bf16, gradient checkpointing, micro-batches of 8) on 8
+    prompts × 8 of a math run's lengths (bench/pack.py's long tail, to the recipe's 256-token budget):
+    per layout the median seconds of 3 updates after one untimed (--pack's first compiles flex
+    attention), the tokens of the forwards' tensors, the padding share and the peak GiB."""
+    import gpu_run
+    from pack import long_tail
+    from config import parse_config
+    from data import load
+    from decode_bound import sync
+    from model import load_tokenizer
+    from parallel import setup_distributed
+    from rollout import encode_prompts
+    from train import learner_for, update
+    budget = 16 if quick else 256
+    cfg = parse_config(gpu_run.recipe_flags(shape_model(out, quick), 1, budget, 2 if quick else 8) + RECIPE)
+    setup_distributed(cfg)  # FSDP needs a process group, even of one
+    tokenizer = load_tokenizer(cfg.model)
+    task, problems, _ = load(cfg)
+    batch = task.stream(problems, cfg.seed).get(0, cfg.prompts_per_step)
+    prompts = [SimpleNamespace(prompt_ids=ids, group=g, problem=problem) for g, (problem, ids)
+               in enumerate(zip(batch, encode_prompts(tokenizer, batch, cfg.chat_template))) for _ in range(cfg.group_size)]
+    episodes = long_tail(prompts, budget=budget)
+    learner = learner_for(cfg, None, tokenizer, batch, 0, 1, device)[0]
+    layouts = {"padded": False, "packed": True}
+    runs = {name: [] for name in layouts}
+
+    def timed(name: str) -> tuple[float, dict, float | None]:
+        learner.cfg, learner.scorer.pack = replace(cfg, pack=layouts[name]), layouts[name]  # one model, both layouts
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = sync(device)
+        metrics = update(learner, copy.deepcopy(episodes))
+        seconds = sync(device) - t0
+        return seconds, metrics, torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    data, lines = {}, []
+    for name in layouts:  # the untimed update: AdamW's state, --pack's compiles
+        data[f"{name}_first_s"] = timed(name)[0]
+    for _ in range(3):
+        for name in layouts:  # interleaved: a drift of the machine falls on both
+            runs[name].append(timed(name))
+    for name, got in runs.items():
+        seconds, metrics, peak = statistics.median(s for s, _, _ in got), got[-1][1], got[-1][2]
+        data[name] = dict(seconds=seconds, all_s=[s for s, _, _ in got], real_tokens=metrics["layout/real_tokens"],
+                          tensor_tokens=metrics["layout/tensor_tokens"], padding_share=metrics["layout/padding_share"],
+                          peak_gib=peak)  # tokens per optimizer step (train.py's layout/ metrics)
+        lines.append((f"pack: {name} update s (first), tokens, padding share, peak GiB",
+                      f"{seconds:.2f} ({data[f'{name}_first_s']:.1f}), {metrics['layout/tensor_tokens']:.0f}, "
+                      f"{metrics['layout/padding_share']:.3f}, {'n/a' if peak is None else f'{peak:.2f}'}"))
+    data["packed_over_padded"] = data["packed"]["seconds"] / data["padded"]["seconds"]
+    lines.append(("pack: packed / padded update s, median of 3",
+                  f"{data['packed']['seconds']:.2f} / {data['padded']['seconds']:.2f} = {data['packed_over_padded']:.2f}"))
     return data, lines
 
 
@@ -491,13 +561,14 @@ def rng(device, quick: bool, out: Path, keep):
 PARTS = {
     "probe": (probe, 90),  # start 15; compiles of 2 and 8 layers: 28 took 90 s in train on 2026-11-26
     "train": (train, 300),  # build 15; hf 115 (HF_CAP); fast: start 15, 3 steps in 141 s on 2026-11-26, 90 compiling
+    "pack": (pack, 100),  # unmeasured on a GPU: build 15, 8 updates of 64 rows, flex attention's first compile
     "decode": (decode, 120),  # both regimes at 3 batches took 233 s (2026-11-26); one regime at 2 batches
     "agree": (agree, 60),  # 41 s (2026-11-26)
     "rng": (rng, 50),  # 37 s alone (2026-11-28)
     "lora": (lora, 200),  # 133 s with generate (2026-11-26), plus the engine's compile
     "vllm": (vllm, 150),  # where vllm is installed (else a line, at once): start 15, vLLM's start 60, 3 steps
 }
-DEFAULT = ("probe", "train", "decode", "agree")  # what a window is for, most valuable first
+DEFAULT = ("probe", "train", "pack", "decode", "agree")  # what a window is for, most valuable first
 
 
 def part_file(out: Path, name: str) -> Path:

@@ -60,13 +60,14 @@ def rollout(cfg) -> list:
     return episodes
 
 
-def long_tail(episodes: list, seed: int = 0) -> list:
-    """The episodes' prompts with responses of 8 + 392·u⁴ random tokens, the reward a coin flip."""
+def long_tail(episodes: list, seed: int = 0, budget: int = 400) -> list:
+    """The episodes' prompts (anything with prompt_ids, group and problem) with responses of
+    8 + (budget − 8)·u⁴ random tokens, the reward a coin flip."""
     from rollout import Chunk, Episode
     rng = random.Random(seed)
     out = []
     for e in episodes:
-        n = 8 + int(392 * rng.random() ** 4)
+        n = 8 + int((budget - 8) * rng.random() ** 4)
         response = [rng.randrange(3, 40) for _ in range(n - 1)] + [1]
         out.append(Episode(prompt_ids=e.prompt_ids, response_ids=response, text="", truncated=False,
                            group=e.group, problem=e.problem, chunks=[Chunk(e.prompt_ids, response)],

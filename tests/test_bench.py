@@ -183,6 +183,20 @@ def test_gpu_check_quick_lora_on_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.extended
+def test_gpu_check_quick_pack_on_cpu(tmp_path):
+    """The pack part's update, padded and packed on one model: the packed tensors never larger, their
+    padding share what their tokens say of the same real tokens."""
+    pack = quick_check(tmp_path, "pack")["pack"]
+    padded, packed = pack["padded"], pack["packed"]
+    assert packed["tensor_tokens"] <= padded["tensor_tokens"] and len(packed["all_s"]) == len(padded["all_s"]) == 3
+    assert padded["real_tokens"] == packed["real_tokens"] > 0  # the same batch
+    for layout in (padded, packed):
+        assert layout["padding_share"] == pytest.approx(1 - layout["real_tokens"] / layout["tensor_tokens"])
+    assert pack["packed_over_padded"] == pytest.approx(packed["seconds"] / padded["seconds"])
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed: the part would run")
 def test_gpu_check_vllm_part_says_in_a_line_that_vllm_is_missing(tmp_path):
     parts = quick_check(tmp_path, "vllm")
