@@ -33,7 +33,7 @@ FAILURES = {
     "eval_cannot_tell": "eval-cannot-tell",  # a note: 30 held-out problems, 1 sample each
 }
 HEALTHY = ("default_s0", "default_s1", "default_s2")  # the default run's seeds, each to its 150th step
-# every CPU recipe, configs/tiny_*.yaml: 14 at their full length, 7 shortened to 10 steps at 4 prompts a step
+# every CPU recipe, configs/tiny_*.yaml: 18 at their full length, 3 shortened to 10 steps at 4 prompts a step
 # (fixtures/health/README.md)
 RECIPES = sorted(p.stem[5:] for p in (FIXTURES.parents[2] / "configs").glob("tiny_*.yaml"))
 
